@@ -1,0 +1,20 @@
+/* Basic types shared by every llama.cpp area (llama.h, ggml.h). */
+typedef int32_t llama_pos;
+typedef int32_t llama_token;
+typedef int32_t llama_seq_id;
+
+struct llama_vocab;
+struct llama_model;
+struct llama_context;
+struct llama_sampler;
+struct llama_batch_ext;
+typedef struct llama_memory_i * llama_memory_t;
+
+typedef struct ggml_backend_device * ggml_backend_dev_t;
+typedef struct ggml_backend_reg * ggml_backend_reg_t;
+
+enum ggml_log_level {
+    GGML_LOG_LEVEL_NONE, GGML_LOG_LEVEL_DEBUG, GGML_LOG_LEVEL_INFO,
+    GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT, ...
+};
+typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);

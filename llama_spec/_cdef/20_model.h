@@ -1,0 +1,52 @@
+/* llama.h: models - load a GGUF, its metadata, its shape (incl. MTP/nextn heads). */
+enum llama_split_mode {
+    LLAMA_SPLIT_MODE_NONE, LLAMA_SPLIT_MODE_LAYER, LLAMA_SPLIT_MODE_ROW, LLAMA_SPLIT_MODE_TENSOR, ...
+};
+enum llama_load_mode {
+    LLAMA_LOAD_MODE_AUTO, LLAMA_LOAD_MODE_NONE, LLAMA_LOAD_MODE_MMAP, LLAMA_LOAD_MODE_MLOCK,
+    LLAMA_LOAD_MODE_MMAP_MLOCK, LLAMA_LOAD_MODE_DIRECT_IO, ...
+};
+typedef bool (*llama_progress_callback)(float progress, void * user_data);
+
+struct llama_model_params {
+    ggml_backend_dev_t * devices;
+    int32_t n_gpu_layers;
+    enum llama_split_mode split_mode;
+    enum llama_load_mode  load_mode;
+    int32_t main_gpu;
+    const float * tensor_split;
+    llama_progress_callback progress_callback;
+    void * progress_callback_user_data;
+    bool vocab_only;
+    bool check_tensors;
+    bool load_mtp;
+    ...;
+};
+
+struct llama_model_params llama_model_default_params(void);
+void llama_backend_init(void);
+struct llama_model * llama_model_load_from_file(const char * path_model, struct llama_model_params params);
+void llama_model_free(struct llama_model * model);
+
+size_t  llama_max_devices(void);
+bool    llama_supports_gpu_offload(void);
+bool    llama_supports_rpc(void);
+const char * llama_print_system_info(void);
+
+const struct llama_vocab * llama_model_get_vocab(const struct llama_model * model);
+int32_t llama_model_n_ctx_train  (const struct llama_model * model);
+int32_t llama_model_n_embd       (const struct llama_model * model);
+int32_t llama_model_n_embd_out   (const struct llama_model * model);
+int32_t llama_model_n_layer      (const struct llama_model * model);
+int32_t llama_model_n_layer_nextn(const struct llama_model * model);
+int32_t llama_model_n_head       (const struct llama_model * model);
+int32_t llama_model_meta_count(const struct llama_model * model);
+int32_t llama_model_meta_key_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
+int32_t llama_model_meta_val_str_by_index(const struct llama_model * model, int32_t i, char * buf, size_t buf_size);
+int32_t llama_model_meta_val_str(const struct llama_model * model, const char * key, char * buf, size_t buf_size);
+int32_t llama_model_desc(const struct llama_model * model, char * buf, size_t buf_size);
+uint64_t llama_model_size(const struct llama_model * model);
+uint64_t llama_model_n_params(const struct llama_model * model);
+const char * llama_model_chat_template(const struct llama_model * model, const char * name);
+bool llama_model_is_recurrent(const struct llama_model * model);
+bool llama_model_is_hybrid(const struct llama_model * model);

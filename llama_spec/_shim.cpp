@@ -1,0 +1,136 @@
+// llama-spec shim: see _shim.h for the contract of each function.
+#include "_shim.h"
+
+#include "llama-ext.h"
+#include "reasoning-budget.h"
+
+#include <algorithm>
+#include <cmath>
+#include <numeric>
+#include <vector>
+
+extern "C" {
+
+void lsp_set_embeddings_nextn(llama_context * ctx, bool value, bool masked) {
+    llama_set_embeddings_nextn(ctx, value, masked);
+}
+float * lsp_get_embeddings_nextn(llama_context * ctx) { return llama_get_embeddings_nextn(ctx); }
+float * lsp_get_embeddings_nextn_ith(llama_context * ctx, int32_t i) {
+    return llama_get_embeddings_nextn_ith(ctx, i);
+}
+void lsp_set_nextn_layer_offset(llama_context * ctx, int32_t offset) { llama_set_nextn_layer_offset(ctx, offset); }
+llama_context * lsp_get_ctx_other(llama_context * ctx) { return llama_get_ctx_other(ctx); }
+int32_t lsp_model_n_devices(const llama_model * model) { return llama_model_n_devices(model); }
+ggml_backend_dev_t lsp_model_get_device(const llama_model * model, int32_t i) {
+    return llama_model_get_device(model, i);
+}
+
+int32_t lsp_process(llama_context * ctx, llama_batch_ext * batch,
+                    const int32_t * tokens, const int32_t * pos, int32_t n, int32_t seq_id,
+                    const int8_t * outputs, const float * embd, int32_t n_embd) {
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch, seq_id, tokens[i]);
+        if (idx < 0) {
+            return -100 - i;
+        }
+        if (!llama_batch_ext_set_pos(batch, idx, &pos[i])) {
+            return -100 - i;
+        }
+        if (embd != nullptr) {
+            llama_embd row = { embd + (size_t) i * n_embd, 1, (size_t) n_embd };
+            if (!llama_batch_ext_set_embd_token(batch, idx, row)) {
+                return -100 - i;
+            }
+        }
+        const bool out = outputs ? outputs[i] != 0 : i == n - 1;
+        if (out) {
+            llama_batch_ext_set_output_logits(batch, idx, true);
+        }
+    }
+    return llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+}
+
+void lsp_candidates_init(const float * logits, int32_t n_vocab, llama_token_data * buf, llama_token_data_array * cur) {
+    for (int32_t i = 0; i < n_vocab; ++i) {
+        buf[i].id    = i;
+        buf[i].logit = logits[i];
+        buf[i].p     = 0.0f;
+    }
+    cur->data     = buf;
+    cur->size     = (size_t) n_vocab;
+    cur->selected = -1;
+    cur->sorted   = false;
+}
+
+int32_t lsp_candidates_probs(llama_token_data_array * cur, int32_t * ids, float * probs) {
+    const size_t n = cur->size;
+    if (n == 0) {
+        return 0;
+    }
+    float max_l = -INFINITY;
+    for (size_t i = 0; i < n; ++i) {
+        max_l = std::max(max_l, cur->data[i].logit);
+    }
+    double sum = 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const float l = cur->data[i].logit;
+        const double e = (l == -INFINITY || max_l == -INFINITY) ? 0.0 : std::exp((double) l - (double) max_l);
+        cur->data[i].p = (float) e;
+        sum += e;
+    }
+    const double inv = sum > 0.0 ? 1.0 / sum : 0.0;
+    for (size_t i = 0; i < n; ++i) {
+        const float p = (float) ((double) cur->data[i].p * inv);
+        cur->data[i].p = p;
+        ids[i]   = cur->data[i].id;
+        probs[i] = p;
+    }
+    return (int32_t) n;
+}
+
+int32_t lsp_top_n(const float * logits, int32_t n_vocab, int32_t n, int32_t * ids, float * vals) {
+    n = std::max(0, std::min(n, n_vocab));
+    std::vector<int32_t> idx(n_vocab);
+    std::iota(idx.begin(), idx.end(), 0);
+    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [logits](int32_t a, int32_t b) {
+        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
+    });
+    for (int32_t i = 0; i < n; ++i) {
+        ids[i]  = idx[i];
+        vals[i] = logits[idx[i]];
+    }
+    return n;
+}
+
+static std::vector<llama_tokens> unflatten(const int32_t * flat, const int32_t * lens, int32_t n) {
+    std::vector<llama_tokens> out;
+    size_t off = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        out.emplace_back(flat + off, flat + off + lens[i]);
+        off += (size_t) lens[i];
+    }
+    return out;
+}
+
+llama_sampler * lsp_reasoning_budget_init(
+        const llama_vocab * vocab,
+        const int32_t * start_seqs, const int32_t * start_lens, int32_t n_start,
+        const int32_t * end_seqs,   const int32_t * end_lens,   int32_t n_end,
+        const int32_t * forced, int32_t n_forced,
+        int32_t budget, int32_t initial_state) {
+    if (initial_state < REASONING_BUDGET_IDLE || initial_state > REASONING_BUDGET_DONE || n_start < 0 || n_end < 0 || n_forced < 0) {
+        return nullptr;
+    }
+    return common_reasoning_budget_init(
+            vocab, unflatten(start_seqs, start_lens, n_start), unflatten(end_seqs, end_lens, n_end),
+            llama_tokens(forced, forced + n_forced), budget, (common_reasoning_budget_state) initial_state);
+}
+
+int32_t lsp_reasoning_budget_get_state(const llama_sampler * smpl) {
+    return (int32_t) common_reasoning_budget_get_state(smpl);
+}
+
+bool lsp_reasoning_budget_force(llama_sampler * smpl) { return common_reasoning_budget_force(smpl); }
+
+}  // extern "C"

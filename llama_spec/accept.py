@@ -1,0 +1,636 @@
+"""Acceptance kernel for speculative decoding: the rejection rule, numpy in, numpy out.
+
+Words (see DESIGN.md): p is the target's distribution at a position after its sampler chain,
+q the drafter's distribution over its support; a draft x is *accepted* with probability
+min(1, p(x)/q(x)); at the first rejection a *recovered* token is drawn from the *residual*
+norm((p - q)+); when all k drafts are accepted a *bonus* token is drawn from p. With this rule
+every emitted token is distributed exactly as p (Leviathan et al. 2023). When p is one-hot the
+rule reduces to the *exact-match* rule and no randomness is used.
+
+Distributions are passed as a support: ``ids`` (int32, distinct, in [0, n_vocab)) and
+``probs`` (float32, >= 0, finite, summing to 1 +- 1e-3; zero entries are allowed and are
+never emitted). A token absent from a support has probability 0 there.
+
+RNG
+    ``new_rng_state(seed) -> np.ndarray``: xoshiro256** state, 4 uint64 words, expanded from
+    ``seed`` with splitmix64. The kernels advance it in place. ``state.copy()`` is a checkpoint,
+    ``state[:] = saved`` restores it. Same state + same inputs -> same decisions, bit for bit.
+    It is separate from llama.cpp's ``dist`` RNG.
+
+Randomness consumed (one uniform = one xoshiro step):
+    p one-hot (exactly one entry with p > 0): none, accepted or not (exact-match rule).
+    p(x) >= q(x) > 0, or q(x) == 0 < p(x): none (ratio >= 1: acceptance is certain).
+    0 < p(x) < q(x): one uniform u; accepted iff u * q(x) < p(x).
+    rejected: one more uniform to draw the recovered token (p(x) == 0 rejects without a draw).
+    bonus: one uniform unless p is one-hot.
+
+Scratch
+    A float32 array of length >= n_vocab (``new_scratch``), all zero. The kernels scatter q into
+    it on the rejection path (float32 holds q exactly; half the bytes of float64 makes the
+    full-vocabulary gather faster) and zero the touched entries before returning, so it stays
+    all zero between calls and nothing is allocated per call. One scratch per thread.
+
+Kernels (numba.njit(cache=True); compiled on first call, cached on disk; NO input checks --
+violating a precondition gives a wrong answer, or for ids >= len(scratch) memory corruption):
+    accept_step_kernel(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch)
+        -> (token: int, accepted: bool)
+        Preconditions: as above; p has a positive entry; draft_token is in q's support with
+        q(draft) > 0 (if q(draft) == 0 it is treated as ratio +inf). Returns token == draft when
+        accepted, else the recovered token (argmax of p when p is one-hot). If the residual sums
+        to 0 (only by rounding, p ~= q) the recovered token is drawn from p. If p has no
+        positive entry the token is -1.
+    bonus_token_kernel(p_ids, p_probs, rng_state) -> int
+        A draw from p (the one positive entry, without randomness, when p is one-hot).
+    accept_draft_kernel(p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens,
+                        rng_state, scratch, out) -> n_accepted
+        k positions plus the bonus; rows of the padded 2-D arrays are the supports, row i uses
+        the first p_lens[i] / q_lens[i] entries; p has k + 1 rows, q has k rows, out has
+        length >= k + 1 and receives the n_accepted + 1 emitted tokens.
+
+Python wrappers (validation happens here, never in jitted code):
+    accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch=None,
+                n_vocab=None, validate=True) -> AcceptResult(token, accepted)
+    accept_draft(p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens, rng_state,
+                 scratch=None, n_vocab=None, validate=True) -> (emitted int32 array, n_accepted)
+        With validate=True bad input raises ValueError (clear message); ids/probs of other
+        integer/float dtypes are converted. If everything else is valid but p or q does not sum
+        to 1 +- 1e-3, UnnormalizedError (a ValueError) is raised so the loop can fall back to
+        the exact-match rule. validate=False passes arrays straight to the kernel (fast path:
+        the caller guarantees dtypes and preconditions, and checks ``p_is_normalized``).
+    p_is_normalized(p_probs, tol=1e-3) -> bool: sum(p) within 1 +- tol (False for NaN).
+    accept_step_reference(...): the same rule in plain numpy, same RNG stream; for tests and
+        the benchmark only.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import NamedTuple
+
+import numba
+import numba.extending
+import numpy as np
+
+__all__ = [
+    "AcceptResult",
+    "UnnormalizedError",
+    "accept_draft",
+    "accept_draft_kernel",
+    "accept_step",
+    "accept_step_kernel",
+    "accept_step_reference",
+    "bonus_token_kernel",
+    "new_rng_state",
+    "new_scratch",
+    "p_is_normalized",
+]
+
+_M64 = (1 << 64) - 1
+_INT32_MAX = 2**31 - 1
+
+
+class AcceptResult(NamedTuple):
+    token: int
+    accepted: bool
+
+
+class UnnormalizedError(ValueError):
+    """p (or q) does not sum to 1 +- tol; the loop should use the exact-match rule instead."""
+
+    def __init__(self, which: str, total: float, tol: float):
+        super().__init__(f"{which} sums to {total!r}, not 1 +- {tol}")
+        self.which = which
+        self.total = total
+
+
+# Helpers used inside the kernels are register_jitable, not njit(cache=True): a cached
+# dispatcher loaded from disk is object code that callers cannot inline, and a per-entry call
+# (with reference counting of its array arguments) made a full-vocabulary pass 3-4x slower.
+# register_jitable helpers are compiled into each entry point and cached with it.
+_inner = numba.extending.register_jitable
+
+
+# --------------------------------------------------------------------------------------------
+# RNG: xoshiro256** (Blackman & Vigna), seeded with splitmix64.
+
+
+def new_rng_state(seed: int) -> np.ndarray:
+    """Fresh xoshiro256** state (4 uint64 words) from any Python int seed."""
+    x = int(seed) & _M64
+    words = []
+    for _ in range(4):
+        x = (x + 0x9E3779B97F4A7C15) & _M64
+        z = x
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & _M64
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & _M64
+        words.append(z ^ (z >> 31))
+    if not any(words):  # the one state xoshiro cannot leave; splitmix64 never yields it
+        words[0] = 1
+    return np.array(words, dtype=np.uint64)
+
+
+@_inner
+def _rotl(x, k):
+    return (x << k) | (x >> (np.uint64(64) - k))
+
+
+@_inner
+def _next_uniform(state):
+    """Advance state by one step; return a float64 uniform in [0, 1) with 53 random bits."""
+    s0, s1, s2, s3 = state[0], state[1], state[2], state[3]
+    result = _rotl(s1 * np.uint64(5), np.uint64(7)) * np.uint64(9)
+    t = s1 << np.uint64(17)
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = _rotl(s3, np.uint64(45))
+    state[0], state[1], state[2], state[3] = s0, s1, s2, s3
+    return np.float64(result >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+def _py_next_uniform(state: np.ndarray) -> float:
+    """The same step as _next_uniform, in Python ints (for the reference implementation)."""
+
+    def rotl(x: int, k: int) -> int:
+        return ((x << k) | (x >> (64 - k))) & _M64
+
+    s0, s1, s2, s3 = (int(v) for v in state)
+    result = (rotl((s1 * 5) & _M64, 7) * 9) & _M64
+    t = (s1 << 17) & _M64
+    s2 ^= s0
+    s3 ^= s1
+    s1 ^= s2
+    s0 ^= s3
+    s2 ^= t
+    s3 = rotl(s3, 45)
+    state[:] = (s0, s1, s2, s3)
+    return float(result >> 11) * (1.0 / 9007199254740992.0)
+
+
+# --------------------------------------------------------------------------------------------
+# Kernels.
+
+
+@_inner
+def _weight(p_ids, p_probs, scratch, i):
+    """Weight of entry i (0 past the end): p when scratch is None (pruned at compile time),
+    else the residual (p - q)+ with q scattered into scratch."""
+    if i >= p_ids.shape[0]:
+        return 0.0
+    w = np.float64(p_probs[i])
+    if scratch is not None:
+        w -= scratch[p_ids[i]]
+    return w if w > 0.0 else 0.0
+
+
+@_inner
+def _block_sum(p_ids, p_probs, scratch, b):
+    """Sum of the weights of entries 8b .. 8b+7 in a fixed tree order: running sums then add
+    once per 8 entries, which keeps a full-vocabulary draw off the floating-point latency chain."""
+    i = 8 * b
+    w0 = _weight(p_ids, p_probs, scratch, i)
+    w1 = _weight(p_ids, p_probs, scratch, i + 1)
+    w2 = _weight(p_ids, p_probs, scratch, i + 2)
+    w3 = _weight(p_ids, p_probs, scratch, i + 3)
+    w4 = _weight(p_ids, p_probs, scratch, i + 4)
+    w5 = _weight(p_ids, p_probs, scratch, i + 5)
+    w6 = _weight(p_ids, p_probs, scratch, i + 6)
+    w7 = _weight(p_ids, p_probs, scratch, i + 7)
+    return ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7))
+
+
+@_inner
+def _draw(p_ids, p_probs, scratch, rng_state):
+    """Inverse-CDF draw over p's support with weights p (scratch None) or (p - q)+ (q in
+    scratch). Returns -1, consuming nothing, if all weights are 0. The CDF is walked by blocks
+    of 8 (see _block_sum), then entry by entry inside the block that holds the target."""
+    n = p_ids.shape[0]
+    n_blocks = (n + 7) // 8
+    total = 0.0
+    for b in range(n_blocks):
+        total += _block_sum(p_ids, p_probs, scratch, b)
+    if not total > 0.0:
+        return np.int64(-1)
+    target = _next_uniform(rng_state) * total
+    cum = 0.0
+    for b in range(n_blocks):
+        s = _block_sum(p_ids, p_probs, scratch, b)
+        if target < cum + s:
+            last = -1
+            for i in range(8 * b, min(8 * b + 8, n)):
+                w = _weight(p_ids, p_probs, scratch, i)
+                if w > 0.0:
+                    cum += w
+                    last = i
+                    if target < cum:
+                        break
+            # Not found inside the block (tree vs running sum rounding): its last positive.
+            return np.int64(p_ids[last])
+        cum += s
+    # target >= total can only come from rounding: take the last positive entry.
+    for i in range(n - 1, -1, -1):
+        if _weight(p_ids, p_probs, scratch, i) > 0.0:
+            return np.int64(p_ids[i])
+    return np.int64(-1)
+
+
+@_inner
+def _draw_recovered(p_ids, p_probs, q_ids, q_probs, rng_state, scratch):
+    """Draw from the residual norm((p - q)+) over p's support; from p if it sums to zero."""
+    for j in range(q_ids.shape[0]):  # dense q so the residual is O(|p| + |q|)
+        scratch[q_ids[j]] = q_probs[j]
+    token = _draw(p_ids, p_probs, scratch, rng_state)
+    for j in range(q_ids.shape[0]):  # leave scratch all zero for the next call
+        scratch[q_ids[j]] = 0.0
+    if token >= 0:
+        return token
+    # p <= q everywhere on p's support can only come from rounding (both sum to 1): use p.
+    return _draw(p_ids, p_probs, None, rng_state)
+
+
+@_inner
+def _n_positive_upto2(p_probs):
+    """(min(#entries > 0, 2), index of the first positive entry); stops at the second."""
+    first = -1
+    for i in range(p_probs.shape[0]):
+        if p_probs[i] > 0:
+            if first >= 0:
+                return 2, first
+            first = i
+    return (1 if first >= 0 else 0), first
+
+
+@_inner
+def _accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch):
+    n_pos, first = _n_positive_upto2(p_probs)
+
+    # Greedy path: p one-hot -> exact-match rule, deterministic, no randomness either way.
+    if n_pos == 1:
+        forced = np.int64(p_ids[first])
+        return forced, forced == draft_token
+    if n_pos == 0:
+        return np.int64(-1), False  # precondition violated; the wrapper never gets here
+
+    # Random path: the rejection rule.
+    px = 0.0
+    for i in range(p_ids.shape[0]):
+        if p_ids[i] == draft_token:
+            px = np.float64(p_probs[i])
+            break
+    qx = 0.0
+    for j in range(q_ids.shape[0]):
+        if q_ids[j] == draft_token:
+            qx = np.float64(q_probs[j])
+            break
+    if px > 0.0:
+        if px >= qx:  # ratio >= 1: certain, so no uniform is spent
+            return np.int64(draft_token), True
+        if _next_uniform(rng_state) * qx < px:  # u < p/q without a division
+            return np.int64(draft_token), True
+    return _draw_recovered(p_ids, p_probs, q_ids, q_probs, rng_state, scratch), False
+
+
+@_inner
+def _bonus_token(p_ids, p_probs, rng_state):
+    n_pos, first = _n_positive_upto2(p_probs)
+    if n_pos == 1:  # greedy / forced: no randomness
+        return np.int64(p_ids[first])
+    return _draw(p_ids, p_probs, None, rng_state)
+
+
+# Entry points: the only cached dispatchers (see _inner for why the helpers are not).
+
+
+@numba.njit(cache=True)
+def accept_step_kernel(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch):
+    return _accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch)
+
+
+@numba.njit(cache=True)
+def bonus_token_kernel(p_ids, p_probs, rng_state):
+    return _bonus_token(p_ids, p_probs, rng_state)
+
+
+@numba.njit(cache=True)
+def accept_draft_kernel(
+    p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens, rng_state, scratch, out
+):
+    k = draft_tokens.shape[0]
+    for i in range(k):
+        np_, nq = p_lens[i], q_lens[i]
+        token, accepted = _accept_step(
+            p_ids[i, :np_], p_probs[i, :np_], draft_tokens[i],
+            q_ids[i, :nq], q_probs[i, :nq], rng_state, scratch,
+        )
+        out[i] = token
+        if not accepted:
+            return i
+    out[k] = _bonus_token(p_ids[k, : p_lens[k]], p_probs[k, : p_lens[k]], rng_state)
+    return k
+
+
+@numba.njit(cache=True)
+def _sum_f64(x):
+    s = 0.0
+    for i in range(x.shape[0]):
+        s += np.float64(x[i])
+    return s
+
+
+# --------------------------------------------------------------------------------------------
+# Python side: scratch, validation, wrappers.
+
+_tls = threading.local()
+
+
+def new_scratch(n_vocab: int) -> np.ndarray:
+    """An all-zero float32 scratch buffer for vocabularies of up to n_vocab tokens."""
+    return np.zeros(int(n_vocab), dtype=np.float32)
+
+
+def _thread_scratch(n: int) -> np.ndarray:
+    buf = getattr(_tls, "scratch", None)
+    if buf is None or buf.shape[0] < n:
+        buf = _tls.scratch = new_scratch(n)
+    return buf
+
+
+def p_is_normalized(p_probs, tol: float = 1e-3) -> bool:
+    """True iff sum(p_probs) is within 1 +- tol (False for NaN/inf). Cheap: one jitted pass."""
+    p = np.asarray(p_probs)
+    if p.ndim != 1 or p.dtype.kind != "f":
+        p = np.ascontiguousarray(p, dtype=np.float64).reshape(-1)
+    return bool(abs(_sum_f64(p) - 1.0) <= tol)
+
+
+def _as_ids(x, name: str, n_vocab: int | None) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.size == 0:
+        raise ValueError(f"{name} is empty: a support needs at least one token")
+    if a.dtype.kind not in "iu":
+        raise ValueError(f"{name} must have an integer dtype, got {a.dtype}")
+    lo, hi = int(a.min()), int(a.max())
+    limit = _INT32_MAX + 1 if n_vocab is None else n_vocab
+    if lo < 0 or hi >= limit:
+        raise ValueError(f"{name} has ids outside [0, {limit}): min {lo}, max {hi}")
+    a = np.ascontiguousarray(a, dtype=np.int32)
+    if np.unique(a).size != a.size:
+        raise ValueError(f"{name} has duplicate ids")
+    return a
+
+
+def _as_probs(x, name: str, n: int) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 1:
+        raise ValueError(f"{name} must be 1-D, got shape {a.shape}")
+    if a.dtype.kind != "f":
+        raise ValueError(f"{name} must have a floating dtype, got {a.dtype}")
+    if a.shape[0] != n:
+        raise ValueError(f"{name} has length {a.shape[0]}, its ids have length {n}")
+    a = np.ascontiguousarray(a, dtype=np.float32)
+    if not np.isfinite(a).all():
+        raise ValueError(f"{name} has NaN or infinite entries (after conversion to float32)")
+    if (a < 0).any():
+        raise ValueError(f"{name} has negative entries")
+    if not (a > 0).any():
+        raise ValueError(f"{name} has no positive entry")
+    return a
+
+
+def _check_rng(rng_state) -> None:
+    if not (
+        isinstance(rng_state, np.ndarray)
+        and rng_state.dtype == np.uint64
+        and rng_state.shape == (4,)
+        and rng_state.flags.c_contiguous
+        and rng_state.flags.writeable
+    ):
+        raise ValueError("rng_state must be a writeable uint64 array of shape (4,) (new_rng_state)")
+    if not rng_state.any():
+        raise ValueError("rng_state is all zero, which xoshiro256** cannot leave")
+
+
+def _check_vocab(n_vocab) -> int | None:
+    if n_vocab is None:
+        return None
+    if isinstance(n_vocab, bool) or not isinstance(n_vocab, (int, np.integer)) or n_vocab < 1:
+        raise ValueError(f"n_vocab must be a positive int, got {n_vocab!r}")
+    return int(n_vocab)
+
+
+def _get_scratch(scratch, n_needed: int) -> np.ndarray:
+    if scratch is None:
+        return _thread_scratch(n_needed)
+    if not (
+        isinstance(scratch, np.ndarray)
+        and scratch.dtype == np.float32
+        and scratch.ndim == 1
+        and scratch.flags.c_contiguous
+        and scratch.flags.writeable
+    ):
+        raise ValueError("scratch must be a writeable contiguous 1-D float32 array (new_scratch)")
+    if scratch.shape[0] < n_needed:
+        raise ValueError(f"scratch has length {scratch.shape[0]}, needs at least {n_needed}")
+    return scratch
+
+
+def _validate_position(p_ids, p_probs, draft_token, q_ids, q_probs, n_vocab):
+    """Checked, converted arrays for one position. Normalization is checked last, on purpose:
+    UnnormalizedError then means 'valid input, but fall back to the exact-match rule'."""
+    p_ids = _as_ids(p_ids, "p_ids", n_vocab)
+    p_probs = _as_probs(p_probs, "p_probs", p_ids.shape[0])
+    q_ids = _as_ids(q_ids, "q_ids", n_vocab)
+    q_probs = _as_probs(q_probs, "q_probs", q_ids.shape[0])
+    if isinstance(draft_token, (bool, np.bool_)) or not isinstance(
+        draft_token, (int, np.integer)
+    ):
+        raise ValueError(f"draft_token must be an int, got {type(draft_token).__name__}")
+    draft_token = int(draft_token)
+    where = np.flatnonzero(q_ids == draft_token)
+    if where.size == 0:
+        raise ValueError(f"draft token {draft_token} is not in q's support")
+    if not q_probs[where[0]] > 0:
+        raise ValueError(f"draft token {draft_token} has q = 0: it cannot have been drawn from q")
+    for name, probs in (("p", p_probs), ("q", q_probs)):
+        if not p_is_normalized(probs):
+            raise UnnormalizedError(name, float(probs.sum(dtype=np.float64)), 1e-3)
+    return p_ids, p_probs, draft_token, q_ids, q_probs
+
+
+def accept_step(
+    p_ids,
+    p_probs,
+    draft_token,
+    q_ids,
+    q_probs,
+    rng_state,
+    scratch=None,
+    n_vocab=None,
+    validate=True,
+) -> AcceptResult:
+    """One position of the rejection rule; see the module docstring for the contract."""
+    if not validate:  # fast path: no checks, one jitted call
+        if scratch is None:
+            scratch = _thread_scratch(max(int(p_ids.max()), int(q_ids.max())) + 1)
+        return AcceptResult._make(
+            accept_step_kernel(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch)
+        )
+    _check_rng(rng_state)
+    n_vocab = _check_vocab(n_vocab)
+    p_ids, p_probs, draft_token, q_ids, q_probs = _validate_position(
+        p_ids, p_probs, draft_token, q_ids, q_probs, n_vocab
+    )
+    n_needed = max(int(p_ids.max()), int(q_ids.max())) + 1
+    scratch = _get_scratch(scratch, n_needed if n_vocab is None else n_vocab)
+    if scratch[p_ids].any() or scratch[q_ids].any():
+        raise ValueError("scratch is not zero at the ids in use (it must start all zero)")
+    token, accepted = accept_step_kernel(
+        p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch
+    )
+    return AcceptResult(int(token), bool(accepted))
+
+
+def _rows_2d(x, name: str, n_rows: int, kind: str, dtype) -> np.ndarray:
+    a = np.asarray(x)
+    if a.ndim != 2 or a.shape[0] != n_rows:
+        raise ValueError(f"{name} must be 2-D with {n_rows} rows, got shape {a.shape}")
+    if a.dtype.kind not in kind:
+        raise ValueError(f"{name} has dtype {a.dtype}")
+    return a
+
+
+def accept_draft(
+    p_ids,
+    p_probs,
+    p_lens,
+    draft_tokens,
+    q_ids,
+    q_probs,
+    q_lens,
+    rng_state,
+    scratch=None,
+    n_vocab=None,
+    validate=True,
+):
+    """k positions of the rejection rule plus the bonus draw; returns (emitted, n_accepted).
+
+    p_ids/p_probs: (k + 1, Lp) padded rows, row i valid up to p_lens[i]; q_ids/q_probs:
+    (k, Lq) likewise with q_lens; draft_tokens: (k,). emitted is an int32 array of length
+    n_accepted + 1: the accepted drafts, then the recovered token (n_accepted < k) or the
+    bonus token (n_accepted == k).
+    """
+    if not validate:
+        k = draft_tokens.shape[0]
+        if scratch is None:
+            scratch = _thread_scratch(max(int(p_ids.max()), int(q_ids.max())) + 1)
+        out = np.empty(k + 1, dtype=np.int32)
+        n_acc = accept_draft_kernel(
+            p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens, rng_state, scratch, out
+        )
+        return out[: n_acc + 1], int(n_acc)
+
+    _check_rng(rng_state)
+    n_vocab = _check_vocab(n_vocab)
+    drafts = np.asarray(draft_tokens)
+    if drafts.ndim != 1 or drafts.dtype.kind not in "iu":
+        raise ValueError(f"draft_tokens must be a 1-D integer array, got {drafts.dtype} "
+                         f"shape {drafts.shape}")
+    k = drafts.shape[0]
+    p_ids = _rows_2d(p_ids, "p_ids", k + 1, "iu", np.int32)
+    p_probs = _rows_2d(p_probs, "p_probs", k + 1, "f", np.float32)
+    q_ids = _rows_2d(q_ids, "q_ids", k, "iu", np.int32)
+    q_probs = _rows_2d(q_probs, "q_probs", k, "f", np.float32)
+    if p_ids.shape != p_probs.shape or q_ids.shape != q_probs.shape:
+        raise ValueError("ids and probs arrays must have the same shape")
+    p_lens = np.asarray(p_lens)
+    q_lens = np.asarray(q_lens)
+    if p_lens.shape != (k + 1,) or q_lens.shape != (k,) or p_lens.dtype.kind not in "iu" \
+            or q_lens.dtype.kind not in "iu":
+        raise ValueError(f"p_lens must be ({k + 1},) and q_lens ({k},) integer arrays")
+    if ((p_lens < 1) | (p_lens > p_ids.shape[1])).any() or (
+        k and ((q_lens < 1) | (q_lens > q_ids.shape[1])).any()
+    ):
+        raise ValueError("a length in p_lens/q_lens is outside [1, row width]")
+
+    # Check each position like accept_step, then repack into contiguous typed arrays.
+    pi = np.zeros(p_ids.shape, np.int32)
+    pp = np.zeros(p_ids.shape, np.float32)
+    qi = np.zeros(q_ids.shape, np.int32)
+    qp = np.zeros(q_ids.shape, np.float32)
+    n_needed = 1
+    for i in range(k + 1):
+        n = int(p_lens[i])
+        if i < k:
+            m = int(q_lens[i])
+            a, b, _, c, d = _validate_position(
+                p_ids[i, :n], p_probs[i, :n], int(drafts[i]), q_ids[i, :m], q_probs[i, :m],
+                n_vocab,
+            )
+            qi[i, :m], qp[i, :m] = c, d
+            n_needed = max(n_needed, int(c.max()) + 1)
+        else:
+            a = _as_ids(p_ids[i, :n], "p_ids", n_vocab)
+            b = _as_probs(p_probs[i, :n], "p_probs", n)
+            if not p_is_normalized(b):
+                raise UnnormalizedError("p", float(b.sum(dtype=np.float64)), 1e-3)
+        pi[i, :n], pp[i, :n] = a, b
+        n_needed = max(n_needed, int(a.max()) + 1)
+    scratch = _get_scratch(scratch, n_needed if n_vocab is None else n_vocab)
+    if scratch[pi.ravel()].any() or scratch[qi.ravel()].any():
+        raise ValueError("scratch is not zero at the ids in use (it must start all zero)")
+    out = np.empty(k + 1, dtype=np.int32)
+    n_acc = accept_draft_kernel(
+        pi, pp, p_lens.astype(np.int64), drafts.astype(np.int64), qi, qp,
+        q_lens.astype(np.int64), rng_state, scratch, out,
+    )
+    return out[: n_acc + 1], int(n_acc)
+
+
+# --------------------------------------------------------------------------------------------
+# Plain-numpy reference of the same rule and the same RNG stream (tests and benchmark only).
+
+
+def accept_step_reference(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch):
+    """accept_step_kernel in plain numpy: same rule, same summation order, same RNG stream."""
+    p = p_probs.astype(np.float64)
+    positive = np.flatnonzero(p > 0)
+    if positive.size == 1:  # greedy path
+        forced = int(p_ids[positive[0]])
+        return forced, forced == draft_token
+    hit_p = np.flatnonzero(p_ids == draft_token)
+    hit_q = np.flatnonzero(q_ids == draft_token)
+    px = p[hit_p[0]] if hit_p.size else 0.0
+    qx = float(q_probs[hit_q[0]]) if hit_q.size else 0.0
+    if px > 0.0 and (px >= qx or _py_next_uniform(rng_state) * qx < px):
+        return int(draft_token), True
+    scratch[q_ids] = q_probs
+    weights = np.maximum(p - scratch[p_ids], 0.0)
+    scratch[q_ids] = 0.0
+    token = _reference_draw(p_ids, weights, rng_state)
+    if token < 0:  # residual zero by rounding: draw from p
+        token = _reference_draw(p_ids, np.maximum(p, 0.0), rng_state)
+    return token, False
+
+
+def _reference_draw(ids, weights, rng_state):
+    blocks = np.zeros(-(-weights.shape[0] // 8) * 8)
+    blocks[: weights.shape[0]] = weights
+    w = blocks.reshape(-1, 8)
+    sums = ((w[:, 0] + w[:, 1]) + (w[:, 2] + w[:, 3])) + ((w[:, 4] + w[:, 5]) + (w[:, 6] + w[:, 7]))
+    cum = np.cumsum(sums)  # np.cumsum adds sequentially, like the kernel's running sum
+    if not cum[-1] > 0.0:
+        return -1
+    target = _py_next_uniform(rng_state) * cum[-1]
+    b = int(np.searchsorted(cum, target, side="right"))
+    if b == cum.shape[0]:
+        return int(ids[np.flatnonzero(weights)[-1]])
+    start = cum[b - 1] if b else 0.0
+    inner = np.cumsum(np.concatenate(([start], w[b])))[1:]
+    j = int(np.searchsorted(inner, target, side="right"))
+    if j == 8:
+        j = int(np.flatnonzero(w[b])[-1])
+    return int(ids[8 * b + j])

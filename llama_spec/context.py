@@ -1,0 +1,311 @@
+"""Context and MtpContext: batches in, logits and hidden rows out as numpy, memory ops, state.
+
+Lifetime of returned arrays: ``decode`` returns **zero-copy views** over llama.cpp's output
+buffers. They are valid until the next ``decode`` (or memory op / state load) on the same
+context; copy them (``arr.copy()``) to keep them longer. The GIL is released while llama.cpp
+decodes (cffi releases it around every C call).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+
+import numpy as np
+
+from ._ffi import clear_recent_errors, ffi, lib, recent_errors
+from .errors import ContextError, DecodeError
+from .model import Model
+
+_FLASH = {
+    "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": lib.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": lib.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+def default_threads() -> int:
+    return max(1, os.cpu_count() or 1)
+
+
+class Context:
+    """A llama.cpp context on a model (one KV cache / recurrent state per sequence)."""
+
+    _ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
+
+    def __init__(
+        self,
+        model: Model,
+        *,
+        n_ctx: int = 4096,
+        n_batch: int = 512,
+        n_ubatch: int | None = None,
+        n_threads: int | None = None,
+        n_threads_batch: int | None = None,
+        n_seq_max: int = 1,
+        n_rs_seq: int = 0,
+        flash_attn: str = "auto",
+        nextn: bool = False,
+        ctx_other: Context | None = None,
+    ) -> None:
+        self._ptr = ffi.NULL
+        self._batch = ffi.NULL
+        if n_ctx <= 0 or n_batch <= 0:
+            raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
+        if n_rs_seq < 0:
+            raise ValueError(f"n_rs_seq must be >= 0, got {n_rs_seq}")
+        if flash_attn not in _FLASH:
+            raise ValueError(f"flash_attn {flash_attn!r}: expected one of {', '.join(_FLASH)}")
+        self.model = model
+        p = lib.llama_context_default_params()
+        p.n_ctx = int(n_ctx)
+        p.n_batch = int(n_batch)
+        p.n_ubatch = int(n_ubatch or n_batch)
+        p.n_seq_max = int(n_seq_max)
+        p.n_rs_seq = int(n_rs_seq)
+        p.n_threads = int(n_threads or default_threads())
+        p.n_threads_batch = int(n_threads_batch or n_threads or default_threads())
+        p.ctx_type = self._ctx_type
+        p.flash_attn_type = _FLASH[flash_attn]
+        p.no_perf = True
+        if ctx_other is not None:
+            p.ctx_other = ctx_other.ptr
+        clear_recent_errors()
+        ptr = lib.llama_init_from_model(model.ptr, p)
+        if ptr == ffi.NULL:
+            raise ContextError("llama.cpp could not create the context: " + ("; ".join(recent_errors()) or "unknown reason"))
+        self._ptr = ptr
+        self._mem = lib.llama_get_memory(ptr)
+        self.n_ctx = int(lib.llama_n_ctx(ptr))
+        self.n_batch = int(lib.llama_n_batch(ptr))
+        self.n_rs_seq = int(lib.llama_n_rs_seq(ptr))
+        self.n_seq_max = int(lib.llama_n_seq_max(ptr))
+        self.n_threads = int(p.n_threads)
+        self.n_vocab = model.n_vocab
+        self.n_embd = model.n_embd_out
+        self._batch = lib.llama_batch_ext_init(ptr)
+        # Preallocated input buffers: the hot path allocates nothing per decode.
+        self._tok = np.zeros(self.n_batch, dtype=np.int32)
+        self._pos = np.zeros(self.n_batch, dtype=np.int32)
+        self._out = np.zeros(self.n_batch, dtype=np.int8)
+        self._tok_p = ffi.cast("int32_t *", self._tok.ctypes.data)
+        self._pos_p = ffi.cast("int32_t *", self._pos.ctypes.data)
+        self._out_p = ffi.cast("int8_t *", self._out.ctypes.data)
+        self.n_outputs = 0
+        self._nextn = False
+        if nextn:
+            self.set_nextn(True, masked=False)
+
+    # -- lifetime ---------------------------------------------------------------------------
+    @property
+    def ptr(self):
+        if self._ptr == ffi.NULL:
+            raise ValueError("context is closed")
+        return self._ptr
+
+    def close(self) -> None:
+        if self._batch != ffi.NULL:
+            lib.llama_batch_ext_free(self._batch)
+            self._batch = ffi.NULL
+        if self._ptr != ffi.NULL:
+            lib.llama_free(self._ptr)
+            self._ptr = ffi.NULL
+
+    def __del__(self) -> None:
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+    def __enter__(self) -> Context:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- decoding ---------------------------------------------------------------------------
+    def set_nextn(self, value: bool, *, masked: bool = False) -> None:
+        """Ask for the MTP (nextn) hidden rows: all batch rows (masked=False) or outputs only."""
+        lib.lsp_set_embeddings_nextn(self.ptr, bool(value), bool(masked))
+        self._nextn = bool(value)
+        self._nextn_masked = bool(masked)
+
+    def _fill(self, tokens, positions, seq_id: int, outputs) -> int:
+        n = len(tokens)
+        if n == 0:
+            raise ValueError("empty batch")
+        if n > self.n_batch:
+            raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch} (use prefill())")
+        if not 0 <= seq_id < self.n_seq_max:
+            raise ValueError(f"seq_id {seq_id} out of range [0, {self.n_seq_max})")
+        tok = self._tok[:n]
+        tok[:] = tokens
+        if tok.min() < 0 or tok.max() >= self.n_vocab:
+            bad = int(tok[(tok < 0) | (tok >= self.n_vocab)][0])
+            raise ValueError(f"token {bad} out of range [0, {self.n_vocab})")
+        pos = self._pos[:n]
+        if positions is None:
+            start = self.pos_max(seq_id) + 1
+            pos[:] = np.arange(start, start + n, dtype=np.int32)
+        else:
+            pos[:] = positions
+        if pos.min() < 0 or pos.max() >= self.n_ctx:
+            raise ValueError(f"positions {int(pos.min())}..{int(pos.max())} outside the context [0, {self.n_ctx})")
+        out = self._out[:n]
+        if outputs is None or (isinstance(outputs, str) and outputs == "last"):
+            out[:] = 0
+            out[n - 1] = 1
+        elif isinstance(outputs, str) and outputs == "all":
+            out[:] = 1
+        else:
+            out[:] = np.asarray(outputs, dtype=bool)
+        return n
+
+    def decode(
+        self,
+        tokens: Sequence[int] | np.ndarray,
+        positions: Sequence[int] | np.ndarray | None = None,
+        seq_id: int = 0,
+        outputs: str | Sequence[bool] | np.ndarray | None = "last",
+        *,
+        embd: np.ndarray | None = None,
+    ) -> np.ndarray:
+        """Decode one batch of `seq_id`; return logits of the output rows, shape (n_out, n_vocab).
+
+        positions default to continuing the sequence (pos_max + 1 ...). outputs: "last",
+        "all", or one flag per token. The result is a zero-copy view valid until the next
+        decode on this context.
+        """
+        n = self._fill(tokens, positions, seq_id, outputs)
+        e_ptr = ffi.NULL
+        if embd is not None:
+            if embd.dtype != np.float32 or not embd.flags.c_contiguous or embd.shape != (n, self.n_embd):
+                raise ValueError(f"embd must be C-contiguous float32 of shape ({n}, {self.n_embd}), got {embd.dtype} {embd.shape}")
+            e_ptr = ffi.cast("float *", embd.ctypes.data)
+        rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
+        if rc <= -100:
+            raise DecodeError(rc, f"adding batch row {-100 - rc}")
+        if rc != 0:
+            raise DecodeError(rc)
+        self.n_outputs = int(self._out[:n].sum())
+        return self.logits()
+
+    def logits(self) -> np.ndarray:
+        """Zero-copy view of the last decode's logits, (n_outputs, n_vocab) float32."""
+        ptr = lib.llama_get_logits(self._ptr)
+        if ptr == ffi.NULL or self.n_outputs == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return np.frombuffer(ffi.buffer(ptr, self.n_outputs * self.n_vocab * 4), dtype=np.float32).reshape(
+            self.n_outputs, self.n_vocab
+        )
+
+    def logits_address(self) -> int:
+        """Address of llama.cpp's logits buffer (tests use it to prove the view is zero-copy)."""
+        return int(ffi.cast("uintptr_t", lib.llama_get_logits(self.ptr)))
+
+    def nextn_rows(self, n_rows: int | None = None) -> np.ndarray:
+        """Zero-copy view of the MTP hidden rows of the last decode, (rows, n_embd) float32.
+
+        With ``set_nextn(True, masked=False)`` there is one row per batch token; with masked=True
+        one per output row. Valid until the next decode.
+        """
+        if not self._nextn:
+            raise ValueError("nextn rows were not requested: call set_nextn(True) before decoding")
+        ptr = lib.lsp_get_embeddings_nextn(self.ptr)
+        if ptr == ffi.NULL:
+            raise ValueError("llama.cpp produced no nextn rows (does the model have an MTP head?)")
+        if n_rows is None:
+            n_rows = self.n_outputs
+        return np.frombuffer(ffi.buffer(ptr, n_rows * self.n_embd * 4), dtype=np.float32).reshape(n_rows, self.n_embd)
+
+    def prefill(self, tokens: Sequence[int], seq_id: int = 0, *, start_pos: int | None = None) -> np.ndarray:
+        """Decode a prompt of any length in n_batch chunks; return the last token's logits row."""
+        toks = np.asarray(tokens, dtype=np.int32)
+        if len(toks) == 0:
+            raise ValueError("empty prompt")
+        start = self.pos_max(seq_id) + 1 if start_pos is None else int(start_pos)
+        if start + len(toks) > self.n_ctx:
+            raise ValueError(f"prompt of {len(toks)} tokens from position {start} does not fit n_ctx={self.n_ctx}")
+        logits = None
+        for off in range(0, len(toks), self.n_batch):
+            chunk = toks[off : off + self.n_batch]
+            pos = np.arange(start + off, start + off + len(chunk), dtype=np.int32)
+            logits = self.decode(chunk, pos, seq_id, "last")
+        return logits[-1]
+
+    # -- memory -----------------------------------------------------------------------------
+    def pos_max(self, seq_id: int = 0) -> int:
+        """Largest position held for `seq_id`, -1 when empty."""
+        return int(lib.llama_memory_seq_pos_max(self._mem, seq_id))
+
+    def pos_min(self, seq_id: int = 0) -> int:
+        return int(lib.llama_memory_seq_pos_min(self._mem, seq_id))
+
+    def seq_rm(self, seq_id: int = 0, p0: int = -1, p1: int = -1) -> bool:
+        """Remove positions [p0, p1) of `seq_id` (-1 = open end). False if llama.cpp can't.
+
+        On recurrent/hybrid models a partial removal needs ``n_rs_seq`` >= the number of
+        positions rolled back (the state snapshots it restores from).
+        """
+        return bool(lib.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+
+    def rollback(self, seq_id: int, keep_until: int) -> None:
+        """Keep positions < keep_until of `seq_id`, dropping the rest (KV cells and recurrent state)."""
+        if keep_until > self.pos_max(seq_id):
+            return
+        if not self.seq_rm(seq_id, keep_until, -1):
+            n = self.pos_max(seq_id) + 1 - keep_until
+            raise ContextError(
+                f"llama.cpp cannot roll back {n} position(s) of seq {seq_id} "
+                f"(recurrent model with n_rs_seq={self.n_rs_seq}; create the context with n_rs_seq >= {n})"
+            )
+
+    def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
+        lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+
+    def seq_keep(self, seq_id: int) -> None:
+        lib.llama_memory_seq_keep(self._mem, seq_id)
+
+    def clear(self) -> None:
+        """Forget every sequence (KV cells and recurrent state)."""
+        lib.llama_memory_clear(self._mem, True)
+
+    # -- state ------------------------------------------------------------------------------
+    def save_state(self) -> bytes:
+        """The whole context state (memory, outputs) as bytes."""
+        n = lib.llama_state_get_size(self.ptr)
+        buf = ffi.new("uint8_t[]", n)
+        got = lib.llama_state_get_data(self.ptr, buf, n)
+        return ffi.unpack(buf, got)
+
+    def load_state(self, data: bytes) -> None:
+        got = lib.llama_state_set_data(self.ptr, ffi.from_buffer(data), len(data))
+        if got != len(data):
+            raise ContextError(f"state load consumed {got} of {len(data)} bytes")
+        self.n_outputs = 0
+
+
+class MtpContext(Context):
+    """The MTP head of a model as its own context (``ctx_type = MTP`` on the same model).
+
+    Feed it (token x_{p+1}, target hidden row h_p) pairs with :meth:`decode` (``embd=`` rows);
+    read the head's logits from the return value and its own hidden rows with
+    :meth:`nextn_rows` (for the next draft step), exactly as upstream's draft-mtp does.
+    """
+
+    _ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
+
+    def __init__(self, model: Model, **kwargs) -> None:
+        if not model.load_mtp:
+            raise ValueError("the model was loaded without its MTP head: use Model(..., load_mtp=True)")
+        if model.n_layer_nextn <= 0:
+            raise ValueError(f"{model.path} has no MTP (nextn) layers")
+        kwargs.setdefault("n_rs_seq", 0)
+        super().__init__(model, **kwargs)
+        self.set_nextn(True, masked=True)
+
+    def set_layer_offset(self, head: int) -> None:
+        """Select which appended nextn block runs (chained heads); 0 = the first head."""
+        if not 0 <= head < self.model.n_layer_nextn:
+            raise ValueError(f"head {head} out of range [0, {self.model.n_layer_nextn})")
+        lib.lsp_set_nextn_layer_offset(self.ptr, head)

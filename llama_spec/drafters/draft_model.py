@@ -1,0 +1,83 @@
+"""draft-simple: a separate small GGUF with the target's vocabulary proposes the draft.
+
+The drafter keeps its own context in sync with the committed tokens lazily: before drafting it
+finds where its KV cells stop matching the history, drops the rest and decodes what is
+missing (usually one or two tokens). Each draft token is *sampled* from the mirrored sampler,
+so q is known (DESIGN.md invariant 8).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import Context
+from ..model import Model
+from ..sampling import SamplerParams
+from .base import TOPK_WIDTH, Drafter, Proposal
+from .mirror import MirrorSampler
+
+
+class DraftModelDrafter(Drafter):
+    name = "draft-simple"
+
+    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
+                 sample: bool = True, seed: int = 0) -> None:
+        self.model = model
+        self.vocab_size = model.n_vocab
+        self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.mirror = MirrorSampler(model.n_vocab, model, seed)
+        self.sample_drafts = sample
+        self.collect_topk = False
+        self._kv: list[int] = []
+
+    def configure(self, params: SamplerParams, seed: int) -> None:
+        self.mirror.configure(params)
+        self.mirror.reseed(seed)
+
+    def begin(self, prompt: list[int]) -> None:
+        # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
+        pass
+
+    def _sync(self, history: list[int]) -> np.ndarray:
+        """Make the KV hold history[:-1] + decode history[-1]; return its logits row."""
+        kv = self._kv
+        c = min(len(kv), len(history) - 1)
+        # Divergence is only ever near the end (rejected drafts); scan a short window.
+        for i in range(max(0, c - 80), c):
+            if kv[i] != history[i]:
+                c = i
+                break
+        if c < len(kv):
+            self.ctx.rollback(0, c)
+            del kv[c:]
+        todo = history[c:]
+        row = self.ctx.prefill(todo, start_pos=c)
+        kv.extend(todo)
+        return row
+
+    def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
+        prop = Proposal()
+        if self.collect_topk:
+            prop.topk_ids, prop.topk_probs = [], []
+        row = self._sync(history)
+        for i in range(n_max):
+            tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(row, topk=TOPK_WIDTH if self.collect_topk else 0)
+            if not self.sample_drafts:
+                tok = int(np.argmax(row))  # the old rule: argmax draft, no q
+            if q_probs.max() < p_min:
+                break
+            prop.tokens.append(tok)
+            prop.q_ids.append(q_ids)
+            prop.q_probs.append(q_probs)
+            if self.collect_topk:
+                prop.topk_ids.append(top_ids)
+                prop.topk_probs.append(top_p)
+            if i + 1 < n_max:
+                row = self.ctx.decode([tok], [len(self._kv)], 0, "last")[0]
+                self._kv.append(tok)
+        if not self.sample_drafts:
+            prop.q_ids = prop.q_probs = None
+        return prop
+
+    def close(self) -> None:
+        self.ctx.close()

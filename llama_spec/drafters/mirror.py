@@ -1,0 +1,104 @@
+"""The drafter's sampler, mirroring the target's temperature and truncation.
+
+q must be close to p for the rejection rule to accept often, so the drafter samples with the
+target's top-n-sigma, top-k (clamped to [2, 64] so a huge or disabled top-k does not make every
+draft step scan the vocabulary), typical-p, top-p, min-p, min-keep and temperature. Penalties,
+DRY, XTC, logit bias, grammar and the reasoning budget are not mirrored: they depend on state
+the drafter does not have, and a slightly wrong q only costs acceptance, never correctness.
+A greedy target gets a greedy drafter with a one-hot q.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from .._ffi import ffi, lib
+from ..sampling import _TOKEN_DATA, SamplerParams, _chain
+
+TOP_K_MIN, TOP_K_MAX = 2, 64
+
+
+def mirror_params(target: SamplerParams) -> SamplerParams:
+    top_k = target.top_k if target.top_k > 0 else TOP_K_MAX
+    return SamplerParams(
+        temp=target.temp,
+        top_k=min(max(top_k, TOP_K_MIN), TOP_K_MAX),
+        top_p=target.top_p,
+        min_p=target.min_p,
+        typical_p=target.typical_p,
+        top_n_sigma=target.top_n_sigma,
+        min_keep=target.min_keep,
+        dynatemp_range=target.dynatemp_range,
+        dynatemp_exponent=target.dynatemp_exponent,
+        penalty_last_n=0,
+    )
+
+
+def _knobs(p: SamplerParams) -> tuple:
+    return (p.temp, p.top_k, p.top_p, p.min_p, p.typical_p, p.top_n_sigma, p.min_keep,
+            p.dynatemp_range, p.dynatemp_exponent)
+
+
+class MirrorSampler:
+    """Sample a draft token and report q over its support. Rebuilt only when knobs change."""
+
+    def __init__(self, n_vocab: int, model, seed: int = 0) -> None:
+        self.n_vocab = n_vocab
+        self.model = model
+        self._rng = np.random.default_rng(seed)
+        self._knobs: tuple | None = None
+        self._chain = ffi.NULL
+        self._buf = ffi.new("llama_token_data[]", n_vocab)
+        self._cand = np.frombuffer(ffi.buffer(self._buf), dtype=_TOKEN_DATA)
+        self._cur = ffi.new("llama_token_data_array *")
+        self._ids = np.zeros(n_vocab, dtype=np.int32)
+        self._probs = np.zeros(n_vocab, dtype=np.float32)
+        self._ids_p = ffi.cast("int32_t *", self._ids.ctypes.data)
+        self._probs_p = ffi.cast("float *", self._probs.ctypes.data)
+        self.params: SamplerParams | None = None
+        self.n_rebuilds = 0
+
+    def configure(self, target: SamplerParams) -> None:
+        k = _knobs(target)
+        if k == self._knobs:
+            return
+        self.params = mirror_params(target)
+        ch, self._keep = _chain(self.params, self.model, with_dist=False)
+        self._chain = ffi.gc(ch, lib.llama_sampler_free)
+        self._knobs = k
+        self.n_rebuilds += 1
+
+    def reseed(self, seed: int) -> None:
+        self._rng = np.random.default_rng(seed)
+
+    def sample(self, logits_row: np.ndarray, *, topk: int = 0):
+        """Return (token, q_ids, q_probs, top_ids, top_probs); arrays are fresh copies."""
+        row = np.ascontiguousarray(logits_row, dtype=np.float32)
+        lib.lsp_candidates_init(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._buf, self._cur)
+        if self.params.greedy:
+            j = int(np.argmax(row))
+            ids = np.array([j], dtype=np.int32)
+            probs = np.ones(1, dtype=np.float32)
+            top_ids = top_p = None
+            if topk:
+                # rank the head's own (temperature 1) distribution for the statistics
+                order = np.argpartition(-row, topk)[:topk]
+                order = order[np.argsort(-row[order], kind="stable")]
+                z = np.exp(row - row.max())
+                top_ids, top_p = order.astype(np.int32), (z[order] / z.sum()).astype(np.float32)
+            return j, ids, probs, top_ids, top_p
+        lib.llama_sampler_apply(self._chain, self._cur)
+        n = lib.lsp_candidates_probs(self._cur, self._ids_p, self._probs_p)
+        ids = self._ids[:n].copy()
+        probs = self._probs[:n].copy()
+        keep = probs > 0
+        if not keep.all():
+            ids, probs = ids[keep], probs[keep]
+        cdf = np.cumsum(probs, dtype=np.float64)
+        j = int(np.searchsorted(cdf, self._rng.random() * cdf[-1], side="right"))
+        j = min(j, len(ids) - 1)
+        top_ids = top_p = None
+        if topk:
+            order = np.argsort(-probs, kind="stable")[:topk]
+            top_ids, top_p = ids[order], probs[order]
+        return int(ids[j]), ids, probs, top_ids, top_p

@@ -1,0 +1,119 @@
+"""draft-mtp: the model's own multi-token-prediction head proposes the draft.
+
+Reproduces upstream's single-head draft-mtp loop (common/speculative.cpp) in Python:
+
+* every target batch is replayed into the MTP context as pairs (x_{p+1}, h_p): token x at
+  position p+1 with the target's nextn hidden row of position p (the first token of a batch is
+  paired with the row carried over from the previous batch, ``pending_h``);
+* a draft step decodes (last token, its hidden row) and reads the head's logits and its own
+  hidden row, which is fed forward for the next step;
+* after verification ``pending_h`` becomes the target row of the last kept token.
+
+Unlike upstream (which takes ``data[0]``), the draft token is *sampled* from the mirrored
+sampler, so q is known.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..context import Context, MtpContext
+from ..model import Model
+from ..sampling import SamplerParams
+from .base import TOPK_WIDTH, Drafter, Proposal
+from .mirror import MirrorSampler
+
+
+class MtpDrafter(Drafter):
+    name = "draft-mtp"
+
+    def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
+                 sample: bool = True, seed: int = 0) -> None:
+        if not model.load_mtp or model.n_layer_nextn <= 0:
+            raise ValueError(
+                f"{model.path}: draft-mtp needs a model with MTP (nextn) layers loaded with load_mtp=True "
+                f"(n_layer_nextn={model.n_layer_nextn})"
+            )
+        self.model = model
+        self.vocab_size = model.n_vocab
+        self.ctx = MtpContext(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self.n_embd = self.ctx.n_embd
+        self.mirror = MirrorSampler(model.n_vocab, model, seed)
+        self.sample_drafts = sample
+        self.collect_topk = False
+        self.pending_h = np.zeros(self.n_embd, dtype=np.float32)
+        self._verify_h = np.zeros((0, self.n_embd), dtype=np.float32)
+        self._pos0 = 0
+        self._pairs = np.zeros((n_batch, self.n_embd), dtype=np.float32)
+        self._step_h = np.zeros((1, self.n_embd), dtype=np.float32)
+
+    def configure(self, params: SamplerParams, seed: int) -> None:
+        self.mirror.configure(params)
+        self.mirror.reseed(seed)
+
+    @staticmethod
+    def prepare_target(target: Context) -> None:
+        """The target must hand out nextn rows for every batch token."""
+        target.set_nextn(True, masked=False)
+
+    def begin(self, prompt: list[int]) -> None:
+        self.ctx.clear()
+        self.pending_h[:] = 0.0
+
+    def snapshot_prompt(self, n_tokens: int) -> None:
+        self._prompt_h = self.pending_h.copy()
+
+    def restore_prompt(self, n_tokens: int) -> None:
+        self.ctx.rollback(0, n_tokens)
+        self.pending_h[:] = self._prompt_h
+
+    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
+        """Replay a target batch into the MTP context as (x_{p+1}, h_p) pairs."""
+        n = len(tokens)
+        h = target.nextn_rows(n)
+        pairs = self._pairs[:n]
+        pairs[0] = self.pending_h
+        if n > 1:
+            pairs[1:] = h[: n - 1]
+        self.ctx.rollback(0, pos0)
+        self.ctx.decode(tokens, np.arange(pos0, pos0 + n, dtype=np.int32), 0, np.zeros(n, dtype=bool), embd=pairs)
+        # Rows of this batch, for choosing pending_h once we know how many drafts were kept.
+        self._verify_h = h.copy()
+        self._pos0 = pos0
+        self.pending_h[:] = h[n - 1]
+
+    def accepted(self, n_accepted: int) -> None:
+        i = min(n_accepted, len(self._verify_h) - 1)
+        if i >= 0:
+            self.pending_h[:] = self._verify_h[i]
+        # MTP cells beyond the kept prefix belong to rejected drafts.
+        self.ctx.rollback(0, self._pos0 + n_accepted + 1)
+
+    def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
+        prop = Proposal()
+        if self.collect_topk:
+            prop.topk_ids, prop.topk_probs = [], []
+        pos = len(history) - 1
+        tok = history[-1]
+        self._step_h[0] = self.pending_h
+        for i in range(n_max):
+            row = self.ctx.decode([tok], [pos + i], 0, "last", embd=self._step_h)[0]
+            h_row = self.ctx.nextn_rows(1)
+            tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(row, topk=TOPK_WIDTH if self.collect_topk else 0)
+            if not self.sample_drafts:
+                tok = int(np.argmax(row))
+            if q_probs.max() < p_min:
+                break
+            prop.tokens.append(tok)
+            prop.q_ids.append(q_ids)
+            prop.q_probs.append(q_probs)
+            if self.collect_topk:
+                prop.topk_ids.append(top_ids)
+                prop.topk_probs.append(top_p)
+            self._step_h[0] = h_row[0]
+        if not self.sample_drafts:
+            prop.q_ids = prop.q_probs = None
+        return prop
+
+    def close(self) -> None:
+        self.ctx.close()

@@ -1,0 +1,317 @@
+"""The target sampler: llama.cpp's own sampler chain, turned into p as numpy.
+
+Contract (the words of DESIGN.md):
+
+* ``TargetSampler.candidates(logits_row)`` applies, in order, the reasoning budget, the grammar
+  and the chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC,
+  temperature) **without** the final ``dist`` and returns p over the surviving support as two
+  contiguous numpy arrays (ids int32, probs float32, softmax in double). On a greedy sampler
+  (temp <= 0) p is one-hot on the argmax. The arrays are views of buffers owned by the
+  sampler: valid until the next ``candidates``/``sample`` call.
+* ``TargetSampler.sample(logits_row)`` is the plain path: the same steps, then ``dist`` (or
+  greedy) draws a token from llama.cpp's own RNG. The exact-match rule and plain generation use
+  it; the rejection rule never does, so turning that rule on never changes what ``dist`` draws.
+* ``TargetSampler.accept(token)`` must be called exactly once per emitted position, in order,
+  before the next position's candidates (budget, grammar and penalties depend on it).
+* ``clone()`` copies every piece of state (chain, budget, grammar, dist RNG).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ._ffi import ffi, lib
+from .model import Model
+
+DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
+_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+
+
+@dataclass(frozen=True)
+class SamplerParams:
+    """Sampling knobs with llama.cpp's names and defaults (common/common.h)."""
+
+    temp: float = 0.8
+    top_k: int = 40
+    top_p: float = 0.95
+    min_p: float = 0.05
+    typical_p: float = 1.0
+    top_n_sigma: float = -1.0
+    min_keep: int = 0
+    dynatemp_range: float = 0.0
+    dynatemp_exponent: float = 1.0
+    penalty_last_n: int = 64
+    penalty_repeat: float = 1.0
+    penalty_freq: float = 0.0
+    penalty_present: float = 0.0
+    dry_multiplier: float = 0.0
+    dry_base: float = 1.75
+    dry_allowed_length: int = 2
+    dry_penalty_last_n: int = -1
+    dry_sequence_breakers: tuple[str, ...] = ("\n", ":", '"', "*")
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
+    logit_bias: tuple[tuple[int, float], ...] = field(default_factory=tuple)
+    grammar: str | None = None
+    grammar_root: str = "root"
+    seed: int = DEFAULT_SEED
+
+    def __post_init__(self) -> None:
+        if not np.isfinite(self.temp) or self.temp < 0:
+            raise ValueError(f"temp must be a finite number >= 0, got {self.temp}")
+        if not 0.0 <= self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in [0, 1], got {self.top_p}")
+        if not 0.0 <= self.min_p <= 1.0:
+            raise ValueError(f"min_p must be in [0, 1], got {self.min_p}")
+        if self.typical_p <= 0:
+            raise ValueError(f"typical_p must be > 0, got {self.typical_p}")
+        if self.min_keep < 0:
+            raise ValueError(f"min_keep must be >= 0, got {self.min_keep}")
+        if self.penalty_repeat <= 0:
+            raise ValueError(f"penalty_repeat must be > 0, got {self.penalty_repeat}")
+        if not 0 <= int(self.seed) <= 0xFFFFFFFF:
+            raise ValueError(f"seed must fit in uint32, got {self.seed}")
+
+    @property
+    def greedy(self) -> bool:
+        return self.temp <= 0.0
+
+    def replace(self, **changes) -> SamplerParams:
+        return dataclasses.replace(self, **changes)
+
+
+class ReasoningBudget:
+    """llama.cpp's reasoning-budget sampler (common/reasoning-budget.cpp) through the shim.
+
+    Counts tokens after any of `start` sequences; after `budget` tokens (and a complete UTF-8
+    character) it forces `forced` token by token (p one-hot), then passes everything through.
+    """
+
+    STATES = ("idle", "counting", "forcing", "waiting_utf8", "done")
+
+    def __init__(self, model: Model, *, start: Sequence[Sequence[int]], end: Sequence[Sequence[int]],
+                 forced: Sequence[int], budget: int, initial_state: str = "idle") -> None:
+        if budget < 0:
+            raise ValueError(f"reasoning budget must be >= 0, got {budget}")
+        if initial_state not in self.STATES:
+            raise ValueError(f"initial_state {initial_state!r}: expected one of {self.STATES}")
+        if not forced:
+            raise ValueError("the forced end sequence is empty")
+        for seq in [*start, *end, forced]:
+            for t in seq:
+                model._check_token(t)
+        self.model = model
+        self.budget = int(budget)
+        self._keep = []
+
+        def flat(seqs):
+            toks = [int(t) for s in seqs for t in s]
+            lens = [len(s) for s in seqs]
+            a = ffi.new("int32_t[]", toks or [0])
+            b = ffi.new("int32_t[]", lens or [0])
+            self._keep += [a, b]
+            return a, b, len(seqs)
+
+        s, sl, ns = flat(start)
+        e, el, ne = flat(end)
+        f = ffi.new("int32_t[]", [int(t) for t in forced])
+        ptr = lib.lsp_reasoning_budget_init(model.vocab_ptr, s, sl, ns, e, el, ne, f, len(forced),
+                                            self.budget, self.STATES.index(initial_state))
+        if ptr == ffi.NULL:
+            raise ValueError("llama.cpp rejected the reasoning-budget parameters")
+        self._ptr = ffi.gc(ptr, lib.llama_sampler_free)
+
+    @classmethod
+    def _wrap(cls, model: Model, ptr, budget: int) -> ReasoningBudget:
+        obj = cls.__new__(cls)
+        obj.model, obj.budget, obj._keep = model, budget, []
+        obj._ptr = ffi.gc(ptr, lib.llama_sampler_free)
+        return obj
+
+    @property
+    def state(self) -> str:
+        return self.STATES[lib.lsp_reasoning_budget_get_state(self._ptr)]
+
+    def force(self) -> bool:
+        """Jump to FORCING now (e.g. the user pressed stop-thinking)."""
+        return bool(lib.lsp_reasoning_budget_force(self._ptr))
+
+    def clone(self) -> ReasoningBudget:
+        return ReasoningBudget._wrap(self.model, lib.llama_sampler_clone(self._ptr), self.budget)
+
+
+def _chain(params: SamplerParams, model: Model, *, with_dist: bool):
+    """Build llama.cpp's sampler chain for `params` (common/sampling.cpp's default order)."""
+    cp = lib.llama_sampler_chain_default_params()
+    cp.no_perf = True
+    ch = lib.llama_sampler_chain_init(cp)
+    add = lambda s: lib.llama_sampler_chain_add(ch, s)  # noqa: E731
+    n_vocab = model.n_vocab
+    keep = []
+    if params.logit_bias:
+        arr = ffi.new("llama_logit_bias[]", [(int(t), float(b)) for t, b in params.logit_bias])
+        keep.append(arr)
+        add(lib.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))
+    if params.penalty_last_n != 0 and (params.penalty_repeat != 1.0 or params.penalty_freq != 0.0 or params.penalty_present != 0.0):
+        add(lib.llama_sampler_init_penalties(n_vocab, params.penalty_last_n, params.penalty_repeat,
+                                             params.penalty_freq, params.penalty_present))
+    if params.dry_multiplier > 0:
+        brk = [ffi.new("char[]", s.encode()) for s in params.dry_sequence_breakers]
+        arr = ffi.new("const char *[]", brk)
+        keep += [brk, arr]
+        add(lib.llama_sampler_init_dry(model.vocab_ptr, params.dry_multiplier, params.dry_base,
+                                       params.dry_allowed_length, params.dry_penalty_last_n, arr, len(brk)))
+    if params.greedy:
+        if with_dist:
+            add(lib.llama_sampler_init_greedy())
+        return ch, keep
+    mk = params.min_keep
+    if params.top_n_sigma > 0:
+        add(lib.llama_sampler_init_top_n_sigma(params.top_n_sigma))
+    if params.top_k > 0:
+        add(lib.llama_sampler_init_top_k(params.top_k))
+    if params.typical_p < 1.0:
+        add(lib.llama_sampler_init_typical(params.typical_p, mk))
+    if params.top_p < 1.0:
+        add(lib.llama_sampler_init_top_p(params.top_p, mk))
+    if params.min_p > 0.0:
+        add(lib.llama_sampler_init_min_p(params.min_p, mk))
+    if params.xtc_probability > 0:
+        add(lib.llama_sampler_init_xtc(params.xtc_probability, params.xtc_threshold, mk, params.seed))
+    if params.dynatemp_range > 0:
+        add(lib.llama_sampler_init_temp_ext(params.temp, params.dynatemp_range, params.dynatemp_exponent))
+    else:
+        add(lib.llama_sampler_init_temp(params.temp))
+    if with_dist:
+        add(lib.llama_sampler_init_dist(params.seed))
+    return ch, keep
+
+
+class TargetSampler:
+    """The target's sampler: chain (+ budget, grammar) -> p, dist for the plain path, accept()."""
+
+    def __init__(self, model: Model, params: SamplerParams | None = None, *,
+                 reasoning_budget: ReasoningBudget | None = None, _clone_from: TargetSampler | None = None) -> None:
+        self.model = model
+        self.params = params or SamplerParams()
+        self.n_vocab = model.n_vocab
+        if _clone_from is None:
+            # One chain with dist at the end; `candidates` runs all members but the last.
+            ch, self._keep = _chain(self.params, model, with_dist=True)
+            self._chain = ffi.gc(ch, lib.llama_sampler_free)
+            self.budget = reasoning_budget
+            g = ffi.NULL
+            if self.params.grammar:
+                g = lib.llama_sampler_init_grammar(model.vocab_ptr, self.params.grammar.encode(),
+                                                   self.params.grammar_root.encode())
+                if g == ffi.NULL:
+                    raise ValueError("llama.cpp could not parse the GBNF grammar (see the log)")
+                g = ffi.gc(g, lib.llama_sampler_free)
+            self._grammar = g
+        else:
+            self._keep = _clone_from._keep
+            self._chain = ffi.gc(lib.llama_sampler_clone(_clone_from._chain), lib.llama_sampler_free)
+            self.budget = _clone_from.budget.clone() if _clone_from.budget is not None else None
+            self._grammar = (ffi.gc(lib.llama_sampler_clone(_clone_from._grammar), lib.llama_sampler_free)
+                             if _clone_from._grammar != ffi.NULL else ffi.NULL)
+        self._n_chain = lib.llama_sampler_chain_n(self._chain)
+        self._members = [lib.llama_sampler_chain_get(self._chain, i) for i in range(self._n_chain)]
+        # Preallocated candidate buffers (full vocabulary) and p output arrays.
+        self._buf = ffi.new("llama_token_data[]", self.n_vocab)
+        self._cand = np.frombuffer(ffi.buffer(self._buf), dtype=_TOKEN_DATA)
+        self._cur = ffi.new("llama_token_data_array *")
+        self._ids = np.zeros(self.n_vocab, dtype=np.int32)
+        self._probs = np.zeros(self.n_vocab, dtype=np.float32)
+        self._ids_p = ffi.cast("int32_t *", self._ids.ctypes.data)
+        self._probs_p = ffi.cast("float *", self._probs.ctypes.data)
+        self.n_accept_calls = 0
+
+    @property
+    def has_grammar(self) -> bool:
+        return self._grammar != ffi.NULL
+
+    @property
+    def greedy(self) -> bool:
+        return self.params.greedy
+
+    def clone(self) -> TargetSampler:
+        return TargetSampler(self.model, self.params, _clone_from=self)
+
+    # -- the steps ----------------------------------------------------------------------------
+    def _prepare(self, logits_row: np.ndarray):
+        if logits_row.dtype != np.float32 or logits_row.shape[-1] != self.n_vocab:
+            raise ValueError(f"logits row must be float32 of width {self.n_vocab}")
+        row = np.ascontiguousarray(logits_row)
+        lib.lsp_candidates_init(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._buf, self._cur)
+        if self.budget is not None:
+            lib.llama_sampler_apply(self.budget._ptr, self._cur)
+        if self._grammar != ffi.NULL:
+            lib.llama_sampler_apply(self._grammar, self._cur)
+        return self._cur
+
+    def _truncate(self, logits_row: np.ndarray):
+        """Budget, grammar, then every chain member but the final dist/greedy."""
+        cur = self._prepare(logits_row)
+        for i in range(self._n_chain - 1):
+            lib.llama_sampler_apply(self._members[i], cur)
+        return cur
+
+    def _p(self, cur) -> tuple[np.ndarray, np.ndarray]:
+        if self.greedy:
+            # p is one-hot on the argmax logit (first index on ties, as llama.cpp's greedy sampler;
+            # the greedy chain's members edit logits in place and never reorder).
+            j = int(np.argmax(self._cand["logit"][: cur.size]))
+            self._ids[0] = self._cand["id"][j]
+            self._probs[0] = 1.0
+            return self._ids[:1], self._probs[:1]
+        n = lib.lsp_candidates_probs(cur, self._ids_p, self._probs_p)
+        return self._ids[:n], self._probs[:n]
+
+    def candidates(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """p after the chain, without dist: (ids, probs) views, valid until the next call."""
+        return self._p(self._truncate(logits_row))
+
+    def candidates_and_sample(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
+        """p (as `candidates`) and the token the plain path's dist draws from it, in one pass.
+
+        dist is advanced exactly as ``sample`` would advance it, so the extra-acceptance counter
+        can compare the draft with the target's own sample at no extra cost.
+        """
+        cur = self._truncate(logits_row)
+        ids, probs = self._p(cur)
+        if self.greedy:
+            return ids, probs, int(ids[0])
+        lib.llama_sampler_apply(self._members[self._n_chain - 1], cur)
+        sel = cur.selected
+        if sel < 0 or sel >= cur.size:
+            raise RuntimeError("dist selected no token")
+        return ids, probs, int(cur.data[sel].id)
+
+    def sample(self, logits_row: np.ndarray) -> int:
+        """Draw a token the plain way: the same steps, then llama.cpp's dist (or greedy)."""
+        cur = self._prepare(logits_row)
+        lib.llama_sampler_apply(self._chain, cur)
+        sel = cur.selected
+        if sel < 0 or sel >= cur.size:
+            raise RuntimeError("the sampler chain selected no token")
+        return int(cur.data[sel].id)
+
+    def accept(self, token: int) -> None:
+        """Record the emitted token: exactly once per emitted position, in order."""
+        if self.budget is not None:
+            lib.llama_sampler_accept(self.budget._ptr, token)
+        if self._grammar != ffi.NULL:
+            lib.llama_sampler_accept(self._grammar, token)
+        lib.llama_sampler_accept(self._chain, token)
+        self.n_accept_calls += 1
+
+    def reset(self) -> None:
+        lib.llama_sampler_reset(self._chain)
+        if self._grammar != ffi.NULL:
+            lib.llama_sampler_reset(self._grammar)
+        if self.budget is not None:
+            lib.llama_sampler_reset(self.budget._ptr)

@@ -1,0 +1,195 @@
+"""Draft diagnostics: would drafting wider pay?
+
+Per draft position i (up to 16) over the drafter's top-8 candidates there:
+
+* rank histogram of the token the target emitted at i (ranks 1..8, and "not in top-8"),
+* reach count (verifications whose draft reached position i) and acceptance rate at i,
+* mean probability the drafter gave its rank-2 candidate,
+* the gain of widening: among rejections at i, the fraction whose emitted token was the
+  drafter's rank 2 (what a width-2 tree would have recovered) and rank 2-3 (width 3).
+
+Off by default and inert when off: the loop only checks ``topk_stats is not None`` once per
+verification and the drafters skip collecting candidates. On by ``topk_stats=True``,
+``--spec-topk-stats`` or ``LLAMA_MTP_TOPK_STATS=1``; a report every N verifications (N from
+``--spec-topk-stats-every`` / ``LLAMA_MTP_TOPK_STATS_EVERY``, default 128) and at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from .drafters.base import TOPK_WIDTH
+
+MAX_POSITIONS = 16
+ENV_ON = "LLAMA_MTP_TOPK_STATS"
+ENV_EVERY = "LLAMA_MTP_TOPK_STATS_EVERY"
+DEFAULT_EVERY = 128
+
+
+def topk_settings(flag: bool | None = None, every: int | None = None) -> tuple[bool, int]:
+    """Resolve (enabled, every) from explicit values, then the environment, then defaults."""
+    if flag is None:
+        raw = os.environ.get(ENV_ON, "").strip()
+        if raw in ("", "0"):
+            flag = False
+        elif raw == "1":
+            flag = True
+        else:
+            raise ValueError(f"environment variable {ENV_ON}={raw!r}: expected 0 or 1")
+    if every is None:
+        raw = os.environ.get(ENV_EVERY)
+        if raw is None or raw.strip() == "":
+            every = DEFAULT_EVERY
+        else:
+            try:
+                every = int(raw)
+            except ValueError:
+                raise ValueError(f"environment variable {ENV_EVERY}={raw!r}: expected a positive integer") from None
+            if every <= 0:
+                raise ValueError(f"environment variable {ENV_EVERY}={raw!r}: expected a positive integer")
+    elif every <= 0:
+        raise ValueError(f"--spec-topk-stats-every must be a positive integer, got {every}")
+    return bool(flag), int(every)
+
+
+class TopKStats:
+    """Accumulates per-position rank statistics of the emitted tokens among the draft's top-8."""
+
+    def __init__(self, every: int = DEFAULT_EVERY, log: Callable[[str], None] | None = None,
+                 n_positions: int = MAX_POSITIONS, width: int = TOPK_WIDTH) -> None:
+        if every <= 0:
+            raise ValueError(f"every must be a positive integer, got {every}")
+        self.every = every
+        self.log = log
+        self.width = width
+        self.n_positions = n_positions
+        # hist[i, r]: r = 0..width-1 for ranks 1..width, r = width for "not in top-width"
+        self.hist = np.zeros((n_positions, width + 1), dtype=np.int64)
+        self.rej_hist = np.zeros((n_positions, width + 1), dtype=np.int64)  # rejected positions only
+        self.reach = np.zeros(n_positions, dtype=np.int64)
+        self.accepted = np.zeros(n_positions, dtype=np.int64)
+        self.rank2_prob_sum = np.zeros(n_positions, dtype=np.float64)
+        self.rank2_prob_n = np.zeros(n_positions, dtype=np.int64)
+        self.verifications = 0
+
+    def attach(self, generator) -> TopKStats:
+        generator.topk_stats = self
+        return self
+
+    def record(self, proposal, emitted: Sequence[int], n_accepted: int) -> None:
+        """One verification: `emitted` are the tokens the loop emitted for it, in order.
+
+        Position i was reached iff a token was emitted at i (i < number of drafts); the
+        token emitted there is the kept draft or the recovered one. A trailing bonus token
+        belongs to no draft position.
+        """
+        ids_list = proposal.topk_ids
+        if ids_list is None:
+            return
+        self.verifications += 1
+        n_reached = min(len(proposal.tokens), len(emitted), self.n_positions)
+        for i in range(n_reached):
+            top = ids_list[i]
+            hits = np.flatnonzero(top[: self.width] == emitted[i])
+            r = int(hits[0]) if hits.size else self.width
+            self.hist[i, r] += 1
+            self.reach[i] += 1
+            if i < n_accepted:
+                self.accepted[i] += 1
+            else:
+                self.rej_hist[i, r] += 1
+            probs = proposal.topk_probs[i]
+            if probs is not None and len(probs) > 1:
+                self.rank2_prob_sum[i] += float(probs[1])
+                self.rank2_prob_n[i] += 1
+        if self.log is not None and self.verifications % self.every == 0:
+            self.log(self.table())
+
+    # -- derived numbers ------------------------------------------------------------------------
+    def _used(self) -> int:
+        nz = np.flatnonzero(self.reach)
+        return int(nz[-1]) + 1 if nz.size else 0
+
+    def widening_gain(self) -> list[dict]:
+        out = []
+        for i in range(self._used()):
+            rej = int(self.reach[i] - self.accepted[i])
+            r2 = int(self.rej_hist[i, 1])
+            r23 = r2 + int(self.rej_hist[i, 2])
+            out.append({"position": i + 1, "rejections": rej,
+                        "width2": r2 / rej if rej else 0.0, "width3": r23 / rej if rej else 0.0})
+        return out
+
+    def as_dict(self) -> dict:
+        n = self._used()
+        return {
+            "verifications": self.verifications,
+            "width": self.width,
+            "positions": [
+                {
+                    "position": i + 1,
+                    "reach": int(self.reach[i]),
+                    "accepted": int(self.accepted[i]),
+                    "acceptance_rate": float(self.accepted[i] / self.reach[i]) if self.reach[i] else 0.0,
+                    "rank_hist": [int(x) for x in self.hist[i]],
+                    "mean_rank2_prob": float(self.rank2_prob_sum[i] / self.rank2_prob_n[i]) if self.rank2_prob_n[i] else 0.0,
+                }
+                for i in range(n)
+            ],
+            "widening_gain": self.widening_gain(),
+        }
+
+    def table(self) -> str:
+        d = self.as_dict()
+        head = "pos  reach  acc%   " + " ".join(f"r{r + 1:<4d}" for r in range(self.width)) + " >8    p(r2)  w2%   w3%"
+        lines = [f"draft top-{self.width} statistics after {d['verifications']} verifications", head]
+        for p, g in zip(d["positions"], d["widening_gain"], strict=True):
+            hist = " ".join(f"{x:<5d}" for x in p["rank_hist"])
+            lines.append(f"{p['position']:<4d} {p['reach']:<6d} {100 * p['acceptance_rate']:5.1f}  {hist} "
+                         f"{p['mean_rank2_prob']:.3f}  {100 * g['width2']:5.1f} {100 * g['width3']:5.1f}")
+        return "\n".join(lines)
+
+    def to_json(self, path) -> None:
+        with open(path, "w") as fh:
+            json.dump(self.as_dict(), fh, indent=2)
+
+    def plot(self, path) -> None:
+        """Per-position stacked rank histogram + acceptance and reach curves, as a PNG."""
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        n = max(self._used(), 1)
+        x = np.arange(1, n + 1)
+        fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 4.5))
+        bottom = np.zeros(n)
+        frac = self.hist[:n] / np.maximum(self.reach[:n, None], 1)
+        cmap = plt.get_cmap("viridis", self.width + 1)
+        for r in range(self.width + 1):
+            label = f"rank {r + 1}" if r < self.width else f"not in top-{self.width}"
+            ax1.bar(x, frac[:, r], bottom=bottom, color=cmap(r), label=label)
+            bottom += frac[:, r]
+        ax1.set_xlabel("draft position")
+        ax1.set_ylabel("fraction of reached positions")
+        ax1.set_title("rank of the emitted token among the draft's candidates")
+        ax1.legend(fontsize=7, ncol=2)
+        acc = self.accepted[:n] / np.maximum(self.reach[:n], 1)
+        ax2.plot(x, acc, "o-", label="acceptance rate")
+        ax2.set_ylim(0, 1.05)
+        ax2.set_xlabel("draft position")
+        ax2.set_ylabel("acceptance rate")
+        ax3 = ax2.twinx()
+        ax3.plot(x, self.reach[:n], "s--", color="tab:red", label="reach")
+        ax3.set_ylabel("reach (verifications)")
+        ax2.set_title(f"acceptance and reach ({self.verifications} verifications)")
+        h1, l1 = ax2.get_legend_handles_labels()
+        h2, l2 = ax3.get_legend_handles_labels()
+        ax2.legend(h1 + h2, l1 + l2, loc="upper right")
+        fig.tight_layout()
+        fig.savefig(path, dpi=110)
+        plt.close(fig)

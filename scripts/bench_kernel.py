@@ -1,0 +1,194 @@
+"""Benchmark the acceptance kernel (llama_spec.accept): microseconds per call.
+
+For support sizes 8, 64, 1,024 and 151,936 (q's support is min(size, 64), as the drafter's
+top-k is clamped to [2, 64]; one extra row has q over the full vocabulary too), on the accepted
+path (draft = argmax p, p(x) >= q(x)) and the rejected path (p(x) = 0: rejected, recovered
+token drawn from the residual), times:
+  wrapper  accept_step(..., scratch, validate=False)  -- Python call + numba dispatch + kernel
+  raw      accept_step_kernel(...)                     -- numba dispatch + kernel
+  numpy    accept_step_reference(...)                  -- the same rule in plain numpy
+each the median over repeats of (loop time / calls). Also the first call in a fresh process,
+with an empty numba cache (compile) and with a warm one (cache load).
+
+Run from the repository root:  PYTHONPATH=. python scripts/bench_kernel.py [--json FILE]
+--smoke runs a handful of calls (for tests/test_bench_kernel_smoke.py).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from llama_spec import accept as A
+
+N_VOCAB = 151_936
+SIZES = (8, 64, 1_024, N_VOCAB)
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _softmax(x):
+    e = np.exp(x - x.max())
+    return e / e.sum()
+
+
+def make_case(n, q_full=False, seed=0):
+    """p over n random ids (random order: the worst case for the residual's gathers), q over
+    the top min(n, 64) of p (all of p when q_full) at temperature 1.5. Returns the arguments of
+    the accepted and of the rejected call."""
+    rng = np.random.default_rng(seed)
+    p_ids = rng.permutation(N_VOCAB)[:n].astype(np.int32)
+    p = _softmax(rng.normal(0.0, 2.0, n))
+    order = np.argsort(-p)
+    top = order if q_full else order[: min(n, 64)]
+    q_ids = p_ids[top].copy()
+    q = _softmax(np.log(p[top]) / 1.5)
+    if n >= 2:
+        q[0] = min(q[0], p[top[0]])  # argmax p has p(x) >= q(x): accepted, no draw
+    q = (q / q.sum()).astype(np.float32)
+    p32 = p.astype(np.float32)
+    accepted = (p_ids, p32, int(p_ids[order[0]]), q_ids, q)
+    p_rej = p.copy()
+    p_rej[top[1 if n >= 2 else 0]] = 0.0  # the draft gets p = 0: always rejected
+    if not p_rej.any():
+        p_rej[:] = 1.0
+    p_rej = (p_rej / p_rej.sum()).astype(np.float32)
+    rejected = (p_ids, p_rej, int(q_ids[1 if n >= 2 else 0]), q_ids, q)
+    return accepted, rejected
+
+
+def per_call_us(loop, repeats, min_time):
+    """Median over repeats of the per-call time of loop(n_calls), n_calls sized to min_time."""
+    n_calls, t = 1, 0.0
+    while True:  # grow the batch until one batch takes min_time (also warms up)
+        t0 = time.perf_counter()
+        loop(n_calls)
+        t = time.perf_counter() - t0
+        if t >= min_time or n_calls >= 1 << 20:
+            break
+        n_calls *= 4
+    samples = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        loop(n_calls)
+        samples.append((time.perf_counter() - t0) / n_calls * 1e6)
+    return statistics.median(samples)
+
+
+def bench_call(args, scratch, repeats, min_time):
+    p_ids, p, draft, q_ids, q = args
+    state = A.new_rng_state(0)
+    step, kernel, ref = A.accept_step, A.accept_step_kernel, A.accept_step_reference
+    expect = kernel(p_ids, p, draft, q_ids, q, state, scratch)[1]
+
+    def wrapper_loop(n):
+        for _ in range(n):
+            step(p_ids, p, draft, q_ids, q, state, scratch, validate=False)
+
+    def raw_loop(n):
+        for _ in range(n):
+            kernel(p_ids, p, draft, q_ids, q, state, scratch)
+
+    def numpy_loop(n):
+        for _ in range(n):
+            ref(p_ids, p, draft, q_ids, q, state, scratch)
+
+    return bool(expect), {
+        "wrapper_us": per_call_us(wrapper_loop, repeats, min_time),
+        "raw_us": per_call_us(raw_loop, repeats, min_time),
+        "numpy_us": per_call_us(numpy_loop, repeats, min_time),
+    }
+
+
+FIRST_CALL = """
+import time, json
+t0 = time.perf_counter()
+import numpy as np
+from llama_spec import accept as A
+t1 = time.perf_counter()
+ids = np.arange(4, dtype=np.int32); p = np.full(4, 0.25, np.float32)
+A.accept_step_kernel(ids, p, 1, ids[:2], np.array([0.5, 0.5], np.float32), A.new_rng_state(0),
+                     A.new_scratch(8))
+t2 = time.perf_counter()
+print(json.dumps({"import_s": t1 - t0, "first_call_s": t2 - t1}))
+"""
+
+
+def first_call_times():
+    """A fresh interpreter: import time, then the first accept_step_kernel call, once with an
+    empty numba cache directory (compile) and once more with it filled (cache load)."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO), env.get("PYTHONPATH")]))
+    out = {}
+    with tempfile.TemporaryDirectory() as cache_dir:
+        env["NUMBA_CACHE_DIR"] = cache_dir
+        for label in ("compile", "cache_load"):
+            res = subprocess.run([sys.executable, "-c", FIRST_CALL], env=env, cwd=REPO,
+                                 capture_output=True, text=True, check=True)
+            got = json.loads(res.stdout.strip().splitlines()[-1])
+            out[f"{label}_import_s"] = got["import_s"]
+            out[f"{label}_first_call_s"] = got["first_call_s"]
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
+    ap.add_argument("--smoke", action="store_true", help="tiny N, for the smoke test")
+    ap.add_argument("--repeats", type=int, default=7)
+    opts = ap.parse_args(argv)
+    repeats, min_time = (2, 1e-4) if opts.smoke else (opts.repeats, 0.05)
+
+    scratch = A.new_scratch(N_VOCAB)
+    rows = []
+    cases = [(n, False) for n in SIZES] + [(N_VOCAB, True)]
+    for n, q_full in cases:
+        accepted, rejected = make_case(n, q_full)
+        q_support = accepted[3].shape[0]
+        for path, args in (("accepted", accepted), ("rejected", rejected)):
+            if q_full and path == "accepted":
+                continue  # same as the q = 64 row: the accepted path never scans q past x
+            got, times = bench_call(args, scratch, repeats, min_time)
+            assert got == (path == "accepted"), (n, path)
+            rows.append({"support": n, "q_support": q_support, "path": path, **times})
+    assert not scratch.any()
+    first = first_call_times()
+
+    result = {
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.processor()}".strip(),
+        "python": platform.python_version(),
+        "numpy": np.__version__,
+        "numba": __import__("numba").__version__,
+        "smoke": opts.smoke,
+        "rows": rows,
+        "first_call": first,
+    }
+    print(f"machine: {result['machine']}; python {result['python']}, numpy {result['numpy']}, "
+          f"numba {result['numba']}; median of {repeats} repeats")
+    print()
+    print("| p support | q support | path | wrapper (validate=False) µs | raw kernel µs "
+          "| numpy reference µs |")
+    print("|---:|---:|---|---:|---:|---:|")
+    for r in rows:
+        print(f"| {r['support']:,} | {r['q_support']:,} | {r['path']} | {r['wrapper_us']:.2f} "
+              f"| {r['raw_us']:.2f} | {r['numpy_us']:.2f} |")
+    print()
+    print(f"first call in a fresh process: import {first['compile_import_s']:.2f} s + compile "
+          f"{first['compile_first_call_s']:.2f} s (empty cache); import "
+          f"{first['cache_load_import_s']:.2f} s + cache load "
+          f"{first['cache_load_first_call_s']:.2f} s (warm cache)")
+    if opts.json:
+        Path(opts.json).write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,62 @@
+"""setuptools glue: build llama.cpp (cached), then the cffi extension, then ship the libraries.
+
+All the real work lives in build_llama.py; this file only wires it into `pip install`.
+"""
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+from setuptools import Extension, setup
+from setuptools.command.build_ext import build_ext
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import build_llama  # noqa: E402
+
+
+class BuildLlamaExt(build_ext):
+    def run(self):
+        try:
+            bin_dir = build_llama.cmake_build()
+            ffi = build_llama.ffibuilder(bin_dir)
+        except build_llama.BuildError as e:
+            # One readable message instead of a traceback wall.
+            sys.stderr.write(f"\nllama-spec: build failed\n{e}\n\n")
+            raise SystemExit(1) from None
+        gen_dir = Path(self.build_temp) / "cffi"
+        gen_dir.mkdir(parents=True, exist_ok=True)
+        c_file = gen_dir / "_llama_cffi.cpp"
+        ffi.emit_c_code(str(c_file))
+        # Replace the placeholder extension with the one cffi describes.
+        kwargs = build_llama.extension_kwargs(bin_dir)
+        ext = Extension(
+            "llama_spec._llama_cffi",
+            sources=[str(c_file), *kwargs["sources"]],
+            include_dirs=kwargs["include_dirs"],
+            library_dirs=kwargs["library_dirs"],
+            libraries=kwargs["libraries"],
+            extra_compile_args=kwargs["extra_compile_args"],
+            extra_link_args=kwargs["extra_link_args"],
+            language="c++",
+        )
+        self.extensions = [ext]
+        super().run()
+        pkg_dir = Path(self.get_ext_fullpath(ext.name)).parent
+        lib_dir = pkg_dir / "_lib"
+        if lib_dir.exists():
+            shutil.rmtree(lib_dir)
+        lib_dir.mkdir(parents=True)
+        for lib in build_llama.shared_libs(bin_dir):
+            shutil.copy2(lib, lib_dir / lib.name, follow_symlinks=True)
+        for tool in ("ggml-rpc-server",):
+            if (bin_dir / tool).exists():
+                shutil.copy2(bin_dir / tool, lib_dir / tool)
+        info = json.loads((bin_dir.parent / "llama-spec-build.json").read_text())
+        (pkg_dir / "_build_info.json").write_text(json.dumps(info, indent=2))
+
+
+setup(
+    ext_modules=[Extension("llama_spec._llama_cffi", sources=[])],
+    cmdclass={"build_ext": BuildLlamaExt},
+)

@@ -1,0 +1,92 @@
+"""Shared fixtures: test models from the registry (cached), native llama.cpp tools (cached)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # build_llama.py lives at the repository root
+
+
+def _model_path(name: str) -> Path:
+    from llama_spec.testing.models import model_path
+
+    return model_path(name, progress=False)
+
+
+@pytest.fixture(scope="session")
+def smollm_path() -> Path:
+    return _model_path("smollm2-135m")
+
+
+@pytest.fixture(scope="session")
+def qwen05_path() -> Path:
+    return _model_path("qwen2.5-coder-0.5b")
+
+
+@pytest.fixture(scope="session")
+def qwen15_path() -> Path:
+    return _model_path("qwen2.5-coder-1.5b")
+
+
+@pytest.fixture(scope="session")
+def smollm(smollm_path):
+    from llama_spec import Model
+
+    m = Model(smollm_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def qwen05(qwen05_path):
+    from llama_spec import Model
+
+    m = Model(qwen05_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def qwen15(qwen15_path):
+    from llama_spec import Model
+
+    m = Model(qwen15_path)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def mtp_path() -> Path:
+    from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
+
+    return synthetic_mtp_path(sigma=0.0, seed=0)
+
+
+@pytest.fixture(scope="session")
+def mtp_model(mtp_path):
+    from llama_spec import Model
+
+    m = Model(mtp_path, load_mtp=True)
+    yield m
+    m.close()
+
+
+@pytest.fixture(scope="session")
+def native_bin() -> Path:
+    """llama.cpp's own tools, built once from the same source and flags as the package."""
+    import build_llama
+
+    tools = ["llama-completion", "llama-perplexity", "llama-speculative-simple"]
+    return build_llama.build_tools(tools)
+
+
+def run_native(native_bin: Path, tool: str, args: list[str], timeout: int = 900) -> subprocess.CompletedProcess:
+    env = dict(os.environ, LLAMA_LOG_COLORS="0")
+    return subprocess.run([str(native_bin / tool), *args], capture_output=True, text=True, timeout=timeout,
+                          env=env, errors="replace")

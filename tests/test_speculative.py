@@ -1,0 +1,190 @@
+"""The speculative loop against DESIGN.md's invariants, on real models and the synthetic MTP model."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator
+from llama_spec.speculative import ENV_DRAFT_SAMPLE
+
+PROMPTS = [
+    "Write a Python function that returns the n-th Fibonacci number.\n",
+    "The three most important ideas in computer science are",
+]
+GREEDY = SamplerParams(temp=0.0)
+
+
+@pytest.fixture(scope="module")
+def pair(qwen15, qwen05):
+    """Qwen2.5-Coder 1.5B target with its 0.5B draft model, and a plain generator beside it."""
+    spec = SpeculativeGenerator(qwen15, DraftModelDrafter(qwen05, n_ctx=1024), n_ctx=1024, n_max=3)
+    plain = SpeculativeGenerator(qwen15, None, n_ctx=1024)
+    yield spec, plain
+    spec.close()
+    plain.close()
+
+
+@pytest.fixture(scope="module")
+def mtp_pair(mtp_model):
+    spec = SpeculativeGenerator(mtp_model, MtpDrafter(mtp_model, n_ctx=2048), n_ctx=2048, n_max=3)
+    plain = SpeculativeGenerator(mtp_model, None, n_ctx=2048)
+    yield spec, plain
+    spec.close()
+    plain.close()
+
+
+# -- invariant 2: greedy bit-identity ---------------------------------------------------------------
+@pytest.mark.parametrize("prompt", PROMPTS)
+def test_greedy_draft_simple_equals_plain(pair, prompt):
+    spec, plain = pair
+    ref = plain.generate(prompt, sampling=GREEDY, n_predict=128, ignore_eos=True)
+    for rule in (True, False):
+        r = spec.generate(prompt, sampling=GREEDY, n_predict=128, spec_draft_sample=rule, ignore_eos=True)
+        assert r.tokens == ref.tokens, f"spec_draft_sample={rule}"
+        assert r.stats.drafted > 0 and r.stats.accepted > 0
+
+
+@pytest.mark.parametrize("prompt", ["Hello world, this is", "Once upon a time"])
+def test_greedy_draft_mtp_equals_plain(mtp_pair, prompt):
+    spec, plain = mtp_pair
+    ref = plain.generate(prompt, sampling=GREEDY, n_predict=128, ignore_eos=True)
+    for rule in (True, False):
+        r = spec.generate(prompt, sampling=GREEDY, n_predict=128, spec_draft_sample=rule, ignore_eos=True)
+        assert r.tokens == ref.tokens, f"spec_draft_sample={rule}"
+        # sigma = 0: the head predicts exactly what the trunk will (FACTS.md), so greedy drafts
+        # are all accepted.
+        assert r.stats.acceptance_rate > 0.95
+
+
+def test_greedy_consumes_no_accept_randomness(mtp_pair):
+    from llama_spec import accept as acc
+    from llama_spec.speculative import _ACCEPT_SEED_SALT
+
+    spec, _ = mtp_pair
+    r = spec.generate("Hello world", sampling=GREEDY, seed=11, n_predict=32, spec_draft_sample=True, ignore_eos=True)
+    assert r.stats.verifications > 0 and r.stats.extra_accepted == 0
+    untouched = acc.new_rng_state((11 ^ _ACCEPT_SEED_SALT) & 0xFFFFFFFF)
+    np.testing.assert_array_equal(spec.last_rng, untouched)
+
+
+# -- invariant 4: exact-match mode reproduces plain seeded generation ------------------------------
+def test_exact_match_mode_reproduces_plain_seeded(pair):
+    spec, plain = pair
+    s = SamplerParams(temp=0.8)
+    for seed in (1, 2):
+        ref = plain.generate(PROMPTS[0], sampling=s, seed=seed, n_predict=64, ignore_eos=True)
+        r = spec.generate(PROMPTS[0], sampling=s, seed=seed, n_predict=64, spec_draft_sample=False, ignore_eos=True)
+        assert r.tokens == ref.tokens
+
+
+# -- invariant 3: fallbacks ---------------------------------------------------------------------------
+def test_switch_off_and_env_zero_equal_exact_match(pair, monkeypatch):
+    spec, _ = pair
+    s = SamplerParams(temp=0.8)
+    ref = spec.generate(PROMPTS[1], sampling=s, seed=7, n_predict=48, spec_draft_sample=False, ignore_eos=True)
+    assert ref.stats.exact_match_verifications == ref.stats.verifications > 0
+    monkeypatch.setenv(ENV_DRAFT_SAMPLE, "0")
+    r = spec.generate(PROMPTS[1], sampling=s, seed=7, n_predict=48, ignore_eos=True)
+    assert r.tokens == ref.tokens and not r.spec_draft_sample
+    monkeypatch.setenv(ENV_DRAFT_SAMPLE, "maybe")
+    with pytest.raises(ValueError, match=ENV_DRAFT_SAMPLE):
+        spec.generate(PROMPTS[1], sampling=s, seed=7, n_predict=4)
+
+
+def test_grammar_falls_back_to_exact_match(pair):
+    spec, _ = pair
+    grammar = 'root ::= ("yes" | "no" | "maybe") " " [a-z ]+ "."'
+    s = SamplerParams(temp=0.8, grammar=grammar)
+    on = spec.generate("Answer yes or no: is the sky blue?", sampling=s, seed=3, n_predict=24, spec_draft_sample=True)
+    off = spec.generate("Answer yes or no: is the sky blue?", sampling=s, seed=3, n_predict=24, spec_draft_sample=False)
+    assert on.tokens == off.tokens
+    assert on.stats.exact_match_verifications == on.stats.verifications
+    assert on.text.split(" ")[0] in ("yes", "no", "maybe")
+
+
+# -- invariant 8 + bad input ----------------------------------------------------------------------------
+def test_bad_input_raises_before_decoding(pair, qwen15, smollm, mtp_model):
+    spec, _ = pair
+    for n_max in (0, -1, 65):
+        with pytest.raises(ValueError, match="n_max"):
+            spec.generate("hi", n_max=n_max)
+    for p_min in (-0.1, 1.5):
+        with pytest.raises(ValueError, match="p_min"):
+            spec.generate("hi", p_min=p_min)
+    with pytest.raises(ValueError, match="temp"):
+        SamplerParams(temp=-0.5)
+    with pytest.raises(ValueError, match="vocabulary"):
+        SpeculativeGenerator(qwen15, DraftModelDrafter(smollm, n_ctx=256), n_ctx=256)
+    with pytest.raises(ValueError, match="MTP"):
+        MtpDrafter(qwen15)
+    with pytest.raises(ValueError, match=r"1030 tokens.*n_ctx=1024"):
+        spec.generate([1] * 1030)
+
+
+def test_mirror_sampler_clamps_top_k_and_keeps_truncation():
+    from llama_spec.drafters.mirror import mirror_params
+
+    p = mirror_params(SamplerParams(temp=0.7, top_k=0, top_p=0.9, min_p=0.1, typical_p=0.95, top_n_sigma=2.0,
+                                    penalty_repeat=1.3, min_keep=3))
+    assert (p.temp, p.top_k, p.top_p, p.min_p, p.typical_p, p.top_n_sigma, p.min_keep) == (0.7, 64, 0.9, 0.1, 0.95, 2.0, 3)
+    assert p.penalty_repeat == 1.0 and p.penalty_last_n == 0  # penalties are not mirrored
+    assert mirror_params(SamplerParams(top_k=1)).top_k == 2
+    assert mirror_params(SamplerParams(top_k=500)).top_k == 64
+
+
+# -- acceptance: the rejection rule beats exact match and matches sum min(p, q) ------------------------
+@pytest.mark.parametrize("temp", [0.6, 0.8, 1.0])
+def test_rejection_rule_accepts_more_than_exact_match(pair, temp):
+    spec, _ = pair
+    s = SamplerParams(temp=temp)
+    acc = {True: [0, 0], False: [0, 0]}
+    for rule in (True, False):
+        for seed in range(3):
+            for prompt in PROMPTS:
+                r = spec.generate(prompt, sampling=s, seed=seed, n_predict=48, spec_draft_sample=rule, ignore_eos=True)
+                acc[rule][0] += r.stats.accepted
+                acc[rule][1] += r.stats.verifications
+    mean_new = acc[True][0] / acc[True][1]
+    mean_old = acc[False][0] / acc[False][1]
+    assert mean_new > mean_old, (temp, mean_new, mean_old)
+
+
+def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
+    """Empirical acceptance at each draft position vs sum_y min(p, q) logged at that position.
+
+    The expected number of acceptances at a position is sum over visits of a_j = sum min(p, q);
+    the count has variance sum a_j (1 - a_j). We require the rate to be within 2 % (absolute)
+    of the expectation AND within 4.5 standard errors, a bound a correct loop violates with
+    probability < 1e-5 per position.
+    """
+    spec = mtp_sigma_pair
+    spec.record_pq = True
+    s = SamplerParams(temp=0.8, top_k=40)
+    total = None
+    for seed in range(12):
+        r = spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=400, ignore_eos=True)
+        if total is None:
+            total = r.stats
+        else:
+            total += r.stats
+    spec.record_pq = False
+    for i in range(3):
+        n = total.reached[i]
+        assert n > 800
+        emp = total.accepted_at[i] / n
+        exp = total.expected_accept[i] / n
+        se = np.sqrt(exp * (1 - exp) / n)
+        assert abs(emp - exp) < 0.02, (i, emp, exp, n)
+        assert abs(emp - exp) < 4.5 * se, (i, emp, exp, n, se)
+
+
+@pytest.fixture(scope="module")
+def mtp_sigma_pair():
+    from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
+
+    m = Model(synthetic_mtp_path(sigma=0.05, seed=0), load_mtp=True)
+    spec = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=4096), n_ctx=4096, n_max=3)
+    yield spec
+    spec.close()
+    m.close()
