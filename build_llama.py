@@ -17,6 +17,7 @@ Environment:
   CMAKE_ARGS              extra cmake arguments, passed through (as llama-cpp-python does)
   LLAMA_CPP_DIR           use this llama.cpp tree instead of the pinned one
   LLAMA_SPEC_BUILD_CACHE  where cached builds live (default ~/.cache/llama-spec/build)
+  LLAMA_SPEC_AMX          1 = keep Intel AMX kernels (off by default: they crash in this llama.cpp)
 """
 
 from __future__ import annotations
@@ -158,6 +159,12 @@ def backend() -> str:
     return b
 
 
+def _is_x86() -> bool:
+    import platform
+
+    return platform.machine().lower() in ("x86_64", "amd64")
+
+
 def _cuda_arch() -> str:
     arch = os.environ.get("CMAKE_CUDA_ARCHITECTURES")
     if arch:
@@ -189,6 +196,12 @@ def cmake_args(src: Path, bdir: Path) -> list[str]:
         "-DLLAMA_BUILD_EXAMPLES=ON",
         "-DLLAMA_OPENSSL=OFF",
     ]
+    if os.environ.get("LLAMA_SPEC_AMX", "0") != "1" and _is_x86():
+        # llama.cpp 0c1e57098's AMX int8 matmul segfaults on Sapphire Rapids-class CPUs (its own
+        # llama-completion crashes the same way; `--no-repack` avoids it). Build without AMX
+        # unless asked: the AVX-512/VNNI kernels are used instead.
+        no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+        args += [f"-DCMAKE_C_FLAGS={no_amx}", f"-DCMAKE_CXX_FLAGS={no_amx}"]
     if b == "cuda":
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={_cuda_arch()}"]
     elif b == "hip":
@@ -217,6 +230,15 @@ def _run_logged(cmd: list[str], logfile: Path, what: str) -> None:
         raise BuildError(f"{what} failed (exit {proc.returncode}); full log: {logfile}\n{tail}")
 
 
+def _configure(args: list[str], logfile: Path) -> None:
+    """(Re)configure: cheap on a configured folder, and it points the cache at the cmake and
+    ninja of *this* process (pip's isolated build environments vanish after each install)."""
+    ninja = shutil.which("ninja")
+    if ninja:
+        args = [*args, f"-DCMAKE_MAKE_PROGRAM={ninja}"]
+    _run_logged(args, logfile, "cmake configure")
+
+
 def cmake_build(targets: list[str] | None = None) -> Path:
     """Configure (once) and build `targets` in the cached build folder; return its bin/ dir."""
     src, src_id = llama_source()
@@ -228,8 +250,7 @@ def cmake_build(targets: list[str] | None = None) -> Path:
     log(f"backend: {backend()}")
     log(f"cmake line: {shlex.join(args)}")
     log(f"build cache: {bdir}  (delete it, or all of {cache_root()}, to force a rebuild)")
-    if not (bdir / "build.ninja").exists():
-        _run_logged(args, logfile, "cmake configure")
+    _configure(args, logfile)
     jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
     targets = targets or LIB_TARGETS
     if backend() == "cuda":
@@ -268,6 +289,7 @@ def build_tools(tools: list[str]) -> Path:
     if missing:
         jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
         log(f"building native tools {' '.join(missing)} in {bdir}")
+        _configure(info["cmake_args"], bdir / "llama-spec-build.log")
         _run_logged(["cmake", "--build", str(bdir), "-j", jobs, "--target", *missing],
                     bdir / "llama-spec-build.log", "cmake build (tools)")
     return bdir / "bin"

@@ -4,6 +4,7 @@ All the real work lives in build_llama.py; this file only wires it into `pip ins
 """
 
 import json
+import os
 import shutil
 import sys
 from pathlib import Path
@@ -11,7 +12,8 @@ from pathlib import Path
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
 import build_llama  # noqa: E402
 
 
@@ -28,19 +30,17 @@ class BuildLlamaExt(build_ext):
         gen_dir.mkdir(parents=True, exist_ok=True)
         c_file = gen_dir / "_llama_cffi.cpp"
         ffi.emit_c_code(str(c_file))
-        # Replace the placeholder extension with the one cffi describes.
+        # Fill in the placeholder extension (setuptools already finalized it) from cffi's view.
         kwargs = build_llama.extension_kwargs(bin_dir)
-        ext = Extension(
-            "llama_spec._llama_cffi",
-            sources=[str(c_file), *kwargs["sources"]],
-            include_dirs=kwargs["include_dirs"],
-            library_dirs=kwargs["library_dirs"],
-            libraries=kwargs["libraries"],
-            extra_compile_args=kwargs["extra_compile_args"],
-            extra_link_args=kwargs["extra_link_args"],
-            language="c++",
-        )
-        self.extensions = [ext]
+        ext = self.extensions[0]
+        # setuptools wants source paths relative to the project root
+        ext.sources = [os.path.relpath(p, HERE) for p in (str(c_file), *kwargs["sources"])]
+        ext.include_dirs = kwargs["include_dirs"]
+        ext.library_dirs = kwargs["library_dirs"]
+        ext.libraries = kwargs["libraries"]
+        ext.extra_compile_args = kwargs["extra_compile_args"]
+        ext.extra_link_args = kwargs["extra_link_args"]
+        ext.language = "c++"
         super().run()
         pkg_dir = Path(self.get_ext_fullpath(ext.name)).parent
         lib_dir = pkg_dir / "_lib"

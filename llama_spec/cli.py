@@ -171,7 +171,7 @@ def cmd_generate(ns) -> int:
 
 
 def cmd_devices(ns) -> int:
-    from .devices import add_rpc_server, devices
+    from .backends import add_rpc_server, devices
 
     for ep in (ns.rpc.split(",") if ns.rpc else []):
         add_rpc_server(ep.strip())

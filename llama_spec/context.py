@@ -276,7 +276,7 @@ class Context:
         n = lib.llama_state_get_size(self.ptr)
         buf = ffi.new("uint8_t[]", n)
         got = lib.llama_state_get_data(self.ptr, buf, n)
-        return ffi.unpack(buf, got)
+        return bytes(ffi.buffer(buf, got))
 
     def load_state(self, data: bytes) -> None:
         got = lib.llama_state_set_data(self.ptr, ffi.from_buffer(data), len(data))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 
-from . import devices as _devices
+from . import backends as _devices
 from ._ffi import clear_recent_errors, ffi, lib, recent_errors
 from .errors import ModelLoadError
 

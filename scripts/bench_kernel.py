@@ -1,7 +1,8 @@
 """Benchmark the acceptance kernel (llama_spec.accept): microseconds per call.
 
 For support sizes 8, 64, 1,024 and 151,936 (q's support is min(size, 64), as the drafter's
-top-k is clamped to [2, 64]; one extra row has q over the full vocabulary too), on the accepted
+top-k is clamped to [2, 64]; extra full-vocabulary rows: p's ids in vocabulary order, and q over
+the full vocabulary too), on the accepted
 path (draft = argmax p, p(x) >= q(x)) and the rejected path (p(x) = 0: rejected, recovered
 token drawn from the residual), times:
   wrapper  accept_step(..., scratch, validate=False)  -- Python call + numba dispatch + kernel
@@ -41,29 +42,45 @@ def _softmax(x):
     return e / e.sum()
 
 
-def make_case(n, q_full=False, seed=0):
-    """p over n random ids (random order: the worst case for the residual's gathers), q over
-    the top min(n, 64) of p (all of p when q_full) at temperature 1.5. Returns the arguments of
-    the accepted and of the rejected call."""
+def make_case(n, q_full=False, id_order=False, seed=0):
+    """p over n random ids (in random order, the worst case for the residual's gathers; or in
+    vocabulary order, as llama.cpp lays out an untruncated candidate array), q over the top
+    min(n, 64) of p (all of p when q_full) at temperature 1.5. Returns the arguments of the
+    accepted call (draft = argmax p) and of the rejected call (draft with p = 0)."""
     rng = np.random.default_rng(seed)
     p_ids = rng.permutation(N_VOCAB)[:n].astype(np.int32)
+    if id_order:
+        p_ids.sort()
     p = _softmax(rng.normal(0.0, 2.0, n))
     order = np.argsort(-p)
     top = order if q_full else order[: min(n, 64)]
     q_ids = p_ids[top].copy()
     q = _softmax(np.log(p[top]) / 1.5)
-    if n >= 2:
-        q[0] = min(q[0], p[top[0]])  # argmax p has p(x) >= q(x): accepted, no draw
-    q = (q / q.sum()).astype(np.float32)
-    p32 = p.astype(np.float32)
-    accepted = (p_ids, p32, int(p_ids[order[0]]), q_ids, q)
+    if n >= 2 and q[0] > p[top[0]]:  # argmax p must have p(x) >= q(x): accepted, no draw
+        q[1:] += (q[0] - p[top[0]]) * q[1:] / q[1:].sum()
+        q[0] = p[top[0]]
+    q = q.astype(np.float32)
+    p_acc = _middle(p_ids, p.astype(np.float32), order[0], id_order)
+    accepted = (*p_acc, int(p_ids[order[0]]), q_ids, q)
+    d = top[1 if n >= 2 else 0]
     p_rej = p.copy()
-    p_rej[top[1 if n >= 2 else 0]] = 0.0  # the draft gets p = 0: always rejected
+    p_rej[d] = 0.0  # the draft gets p = 0: always rejected
     if not p_rej.any():
         p_rej[:] = 1.0
-    p_rej = (p_rej / p_rej.sum()).astype(np.float32)
-    rejected = (p_ids, p_rej, int(q_ids[1 if n >= 2 else 0]), q_ids, q)
+    p_rej = _middle(p_ids, (p_rej / p_rej.sum()).astype(np.float32), d, id_order)
+    rejected = (*p_rej, int(p_ids[d]), q_ids, q)
     return accepted, rejected
+
+
+def _middle(ids, probs, i, keep_order):
+    """Copies of (ids, probs) with entry i moved to the middle of the support: the kernel scans
+    p for the draft, so the draft's position matters (the middle is the random-order average)."""
+    ids, probs = ids.copy(), probs.copy()
+    if not keep_order:
+        m = ids.shape[0] // 2
+        ids[[i, m]] = ids[[m, i]]
+        probs[[i, m]] = probs[[m, i]]
+    return ids, probs
 
 
 def per_call_us(loop, repeats, min_time):
@@ -140,6 +157,16 @@ def first_call_times():
     return out
 
 
+def _cpu_model():
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown CPU"
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", metavar="FILE", help="also write the results as JSON")
@@ -150,21 +177,23 @@ def main(argv=None):
 
     scratch = A.new_scratch(N_VOCAB)
     rows = []
-    cases = [(n, False) for n in SIZES] + [(N_VOCAB, True)]
-    for n, q_full in cases:
-        accepted, rejected = make_case(n, q_full)
+    # (support, q over all of p, p's ids in vocabulary order)
+    cases = [(n, False, False) for n in SIZES] + [(N_VOCAB, False, True), (N_VOCAB, True, False)]
+    for n, q_full, id_order in cases:
+        accepted, rejected = make_case(n, q_full, id_order)
         q_support = accepted[3].shape[0]
         for path, args in (("accepted", accepted), ("rejected", rejected)):
-            if q_full and path == "accepted":
-                continue  # same as the q = 64 row: the accepted path never scans q past x
+            if (q_full or id_order) and path == "accepted":
+                continue  # ~ the first full-vocabulary row: acceptance reads p and q up to x
             got, times = bench_call(args, scratch, repeats, min_time)
             assert got == (path == "accepted"), (n, path)
-            rows.append({"support": n, "q_support": q_support, "path": path, **times})
+            rows.append({"support": n, "q_support": q_support, "path": path,
+                         "p_order": "vocab" if id_order else "random", **times})
     assert not scratch.any()
     first = first_call_times()
 
     result = {
-        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, {platform.processor()}".strip(),
+        "machine": f"{_cpu_model()}, {os.cpu_count()} CPUs ({platform.machine()})",
         "python": platform.python_version(),
         "numpy": np.__version__,
         "numba": __import__("numba").__version__,
@@ -175,12 +204,12 @@ def main(argv=None):
     print(f"machine: {result['machine']}; python {result['python']}, numpy {result['numpy']}, "
           f"numba {result['numba']}; median of {repeats} repeats")
     print()
-    print("| p support | q support | path | wrapper (validate=False) µs | raw kernel µs "
+    print("| p support | p order | q support | path | wrapper (validate=False) µs | raw kernel µs "
           "| numpy reference µs |")
-    print("|---:|---:|---|---:|---:|---:|")
+    print("|---:|---|---:|---|---:|---:|---:|")
     for r in rows:
-        print(f"| {r['support']:,} | {r['q_support']:,} | {r['path']} | {r['wrapper_us']:.2f} "
-              f"| {r['raw_us']:.2f} | {r['numpy_us']:.2f} |")
+        print(f"| {r['support']:,} | {r['p_order']} | {r['q_support']:,} | {r['path']} "
+              f"| {r['wrapper_us']:.2f} | {r['raw_us']:.2f} | {r['numpy_us']:.2f} |")
     print()
     print(f"first call in a fresh process: import {first['compile_import_s']:.2f} s + compile "
           f"{first['compile_first_call_s']:.2f} s (empty cache); import "

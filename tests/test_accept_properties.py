@@ -69,7 +69,7 @@ def cases(draw):
     return p_ids, p, draft, q_ids, q, n_vocab
 
 
-@settings(max_examples=400, **SETTINGS)
+@settings(max_examples=1000, **SETTINGS)
 @given(cases(), st.integers(0, 2**63))
 def test_one_step_properties(case, seed):
     p_ids, p, draft, q_ids, q, n_vocab = case
@@ -78,8 +78,8 @@ def test_one_step_properties(case, seed):
     start = state.copy()
     token, accepted = A.accept_step(p_ids, p, draft, q_ids, q, state, scratch, n_vocab=n_vocab)
 
-    p_of = dict(zip(p_ids.tolist(), p.tolist()))
-    q_of = dict(zip(q_ids.tolist(), q.tolist()))
+    p_of = dict(zip(p_ids.tolist(), p.tolist(), strict=True))
+    q_of = dict(zip(q_ids.tolist(), q.tolist(), strict=True))
     px, qx = p_of.get(draft, 0.0), q_of[draft]
     assert p_of.get(token, 0.0) > 0.0, "the token must be in p's support with p > 0"
     if accepted:

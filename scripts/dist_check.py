@@ -1,0 +1,59 @@
+#!/usr/bin/env python3
+"""Full-N version of tests/test_distribution.py: rejection rule vs plain sampling, and the
+deliberately broken rule, on Qwen2.5-Coder 1.5B <- 0.5B at temperature 1.0.
+
+    python scripts/dist_check.py --n 2000 [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+
+from tqdm import tqdm
+
+from llama_spec import DraftModelDrafter, Model, SamplerParams, SpeculativeGenerator
+from llama_spec.testing import distribution as dist
+from llama_spec.testing.models import model_path
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--n", type=int, default=2000)
+    ap.add_argument("--temp", type=float, default=1.0)
+    ap.add_argument("--prompt", default="Tell me a short story about a cat who")
+    ap.add_argument("--json", default=None)
+    ns = ap.parse_args()
+    sampling = SamplerParams(temp=ns.temp, top_k=40, top_p=1.0, min_p=0.0)
+    target = Model(model_path("qwen2.5-coder-1.5b"))
+    draft = Model(model_path("qwen2.5-coder-0.5b"))
+    spec = SpeculativeGenerator(target, DraftModelDrafter(draft, n_ctx=256), n_ctx=256, n_max=3)
+    plain = SpeculativeGenerator(target, None, n_ctx=256)
+    t0 = time.time()
+    bar = tqdm(total=3 * ns.n, desc="samples", file=sys.stderr)
+    tick = lambda _i: bar.update(1)  # noqa: E731
+    ref = dist.joint_samples(plain, ns.prompt, range(ns.n), sampling=sampling, progress=tick)
+    new = dist.joint_samples(spec, ns.prompt, range(10_000, 10_000 + ns.n), sampling=sampling, progress=tick)
+    import llama_spec.speculative as sp
+
+    good_kernel = sp._accept.accept_step_kernel
+    sp._accept.accept_step_kernel = dist.broken_accept_step
+    bad = dist.joint_samples(spec, ns.prompt, range(20_000, 20_000 + ns.n), sampling=sampling, progress=tick)
+    sp._accept.accept_step_kernel = good_kernel
+    bar.close()
+    p_ok, cells = dist.homogeneity_pvalue(ref, new)
+    p_bad, _ = dist.homogeneity_pvalue(ref, bad)
+    out = {"n": ns.n, "temp": ns.temp, "cells": cells, "p_rejection_vs_plain": p_ok,
+           "p_broken_vs_plain": p_bad, "acceptance_rate": spec.total.acceptance_rate,
+           "seconds": time.time() - t0}
+    print(json.dumps(out, indent=2))
+    if ns.json:
+        with open(ns.json, "w") as fh:
+            json.dump(out, fh, indent=2)
+    return 0 if p_ok > 5e-5 and p_bad < 5e-5 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
