@@ -24,7 +24,7 @@ def _resolve(name: str) -> Path:
 
 
 def _add_model_args(ap: argparse.ArgumentParser) -> None:
-    ap.add_argument("-m", "--model", required=True, help="GGUF path, or a test model name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)")
+    ap.add_argument("-m", "--model", default=None, help="GGUF path, or a test model name (smollm2-135m, qwen2.5-coder-0.5b, qwen2.5-coder-1.5b)")
     ap.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     ap.add_argument("-b", "--batch-size", type=int, default=512)
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
@@ -90,6 +90,8 @@ def _load(ns, *, load_mtp: bool = False):
 
     ts = [float(x) for x in ns.tensor_split.split(",")] if ns.tensor_split else None
     rpc = [x.strip() for x in ns.rpc.split(",")] if ns.rpc else None
+    if not ns.model:
+        raise ValueError("-m/--model is required (chat also accepts -hf REPO[:QUANT])")
     path = _resolve(ns.model)
     print(f"llama-spec: loading {path}", file=sys.stderr)
     return Model(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, tensor_split=ts,
@@ -201,7 +203,7 @@ def cmd_rpc_server(ns) -> int:
 
 
 def cmd_chat(ns) -> int:
-    from .chat import cli_chat
+    from .chat_api import cli_chat
 
     return cli_chat(ns)
 

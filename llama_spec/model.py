@@ -58,6 +58,7 @@ class Model:
         use_mmap: bool = True,
         load_mtp: bool = False,
         vocab_only: bool = False,
+        repack: bool = True,
     ) -> None:
         self._ptr = ffi.NULL
         self.path = Path(path)
@@ -74,6 +75,10 @@ class Model:
         params.load_mode = lib.LLAMA_LOAD_MODE_MMAP if use_mmap else lib.LLAMA_LOAD_MODE_NONE
         params.load_mtp = bool(load_mtp)
         params.vocab_only = bool(vocab_only)
+        # llama.cpp's CPU weight repacking (extra buffer types): faster, but its batched GEMM and
+        # single-row GEMV kernels round differently, so logits of a token can differ in the last
+        # bits between a batch of k+1 and a batch of 1 (llama.cpp's `--no-repack` turns it off).
+        params.use_extra_bufts = bool(repack)
 
         # cffi memory must outlive the load call: keep references on self.
         dev_names = list(devices) if devices is not None else None
@@ -117,6 +122,16 @@ class Model:
         self.tensor_split = list(tensor_split) if tensor_split is not None else None
         self._piece_buf = ffi.new("char[]", 256)
         self._piece_cache: dict[tuple[int, bool], bytes] = {}
+
+    @classmethod
+    def from_pretrained(cls, repo_id: str, filename: str | None = None, **kwargs) -> Model:
+        """Download (or find in the HF cache) a GGUF from the Hugging Face hub and load it.
+
+        ``filename`` is a glob (``"*q4_k_m.gguf"``); ``HF_HUB_OFFLINE=1`` is honoured.
+        """
+        from .hub import from_pretrained
+
+        return from_pretrained(repo_id, filename, **kwargs)
 
     @staticmethod
     def _n_offload_devices() -> int:

@@ -223,8 +223,10 @@ class SpeculativeGenerator:
         t0 = time.perf_counter()
         toks = np.asarray(prompt_tokens, dtype=np.int32)
         head = toks[:-1]
-        if self._cached_prompt is not None and np.array_equal(self._cached_prompt, head):
-            self.ctx.rollback(0, len(head))
+        hit = self._cached_prompt is not None and np.array_equal(self._cached_prompt, head)
+        # Recurrent state can only be rolled back n_rs_seq positions: beyond that, prefill again.
+        hit = hit and self.ctx.seq_rm(0, len(head), -1)
+        if hit:
             if drafter is not None:
                 drafter.restore_prompt(len(head))
         else:

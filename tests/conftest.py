@@ -34,11 +34,18 @@ def qwen15_path() -> Path:
     return _model_path("qwen2.5-coder-1.5b")
 
 
+# Test models load with repack=False (llama.cpp's --no-repack): the repacked CPU kernels round
+# a batch of k+1 tokens differently from k+1 single-token decodes, which would make greedy
+# speculative output differ from plain decoding at near-ties for reasons outside the verifier.
+# The native tools in the cross-checks run with -nr to match.
+NO_REPACK = {"repack": False}
+
+
 @pytest.fixture(scope="session")
 def smollm(smollm_path):
     from llama_spec import Model
 
-    m = Model(smollm_path)
+    m = Model(smollm_path, **NO_REPACK)
     yield m
     m.close()
 
@@ -47,7 +54,7 @@ def smollm(smollm_path):
 def qwen05(qwen05_path):
     from llama_spec import Model
 
-    m = Model(qwen05_path)
+    m = Model(qwen05_path, **NO_REPACK)
     yield m
     m.close()
 
@@ -56,7 +63,7 @@ def qwen05(qwen05_path):
 def qwen15(qwen15_path):
     from llama_spec import Model
 
-    m = Model(qwen15_path)
+    m = Model(qwen15_path, **NO_REPACK)
     yield m
     m.close()
 
@@ -72,7 +79,7 @@ def mtp_path() -> Path:
 def mtp_model(mtp_path):
     from llama_spec import Model
 
-    m = Model(mtp_path, load_mtp=True)
+    m = Model(mtp_path, load_mtp=True, **NO_REPACK)
     yield m
     m.close()
 

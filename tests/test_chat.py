@@ -98,7 +98,7 @@ def test_malicious_template_raises_and_runs_nothing(payload, tmp_path, monkeypat
 
 
 def test_malicious_template_in_chat_fails_before_generation(smollm, tmp_path):
-    from llama_spec.chat import chat
+    from llama_spec.chat_api import chat
 
     canary = tmp_path / "CANARY"
     bad = "{{ cycler.__init__.__globals__.os.popen('touch " + str(canary) + "').read() }}"
@@ -131,7 +131,7 @@ def test_chatml_fallback():
     ],
 )
 def test_split_thinking(text, inside, expected):
-    from llama_spec.chat import split_thinking
+    from llama_spec.chat_api import split_thinking
 
     assert split_thinking(text, inside) == expected
 
@@ -139,7 +139,7 @@ def test_split_thinking(text, inside, expected):
 def test_split_thinking_incremental_equals_whole():
     import random
 
-    from llama_spec.chat import _ThinkSplitter, split_thinking
+    from llama_spec.chat_api import _ThinkSplitter, split_thinking
 
     rng = random.Random(0)
     texts = ["<think>\n a \n\n b </think>\n\n c \n", "x </thi", "  <thi", "<think></think>", "a\n</think>b</think>c"]
@@ -159,7 +159,7 @@ def test_split_thinking_incremental_equals_whole():
 
 
 def test_stop_hold_never_leaks_a_stop_string():
-    from llama_spec.chat import _StopHold
+    from llama_spec.chat_api import _StopHold
 
     h = _StopHold(["STOP"])
     sent = "".join(h.feed(p) for p in ["ab", "cS", "TO", "P", "xyz"])
@@ -187,7 +187,7 @@ def test_rendering_equals_llama_cpp_for_qwen25(qwen05):
 
 
 def test_prepare_prompt_tokenizes_special_tokens(qwen05):
-    from llama_spec.chat import prepare_prompt
+    from llama_spec.chat_api import prepare_prompt
 
     p = prepare_prompt(qwen05, CONVERSATION)
     im_start = qwen05.tokenize("<|im_start|>", add_special=False, parse_special=True)
@@ -217,7 +217,7 @@ def test_cli_one_shot_hello_world_draft_simple(qwen15_path, qwen05_path, qwen15,
 
     # The same request through the Python API: same greedy text, OpenAI-shaped result.
     from llama_spec import SamplerParams
-    from llama_spec.chat import chat
+    from llama_spec.chat_api import chat
 
     res = chat(qwen15, HELLO, drafter=qwen05, sampling=SamplerParams(temp=0.0), max_tokens=128)
     msg = res.choices[0].message
@@ -238,7 +238,7 @@ def test_cli_one_shot_hello_world_draft_simple(qwen15_path, qwen05_path, qwen15,
 @pytest.mark.slow
 def test_stream_equals_non_stream_same_seed(qwen15, qwen05):
     from llama_spec import SamplerParams
-    from llama_spec.chat import ChatCompletionChunk, chat
+    from llama_spec.chat_api import ChatCompletionChunk, chat
 
     kw = dict(drafter=qwen05, sampling=SamplerParams(temp=0.8), seed=42, max_tokens=64, stop=["return"])
     res = chat(qwen15, HELLO, **kw)
@@ -274,7 +274,7 @@ def think_model():
 def test_reasoning_budget_ends_think_block(think_model, drafter):
     """Random weights: the text is gibberish; the structure is what is checked."""
     from llama_spec import SamplerParams
-    from llama_spec.chat import chat
+    from llama_spec.chat_api import chat
 
     m = think_model
     think_end = m.tokenize("</think>", add_special=False, parse_special=True)
@@ -301,7 +301,7 @@ def test_reasoning_budget_ends_think_block(think_model, drafter):
 
 
 def test_reasoning_budget_states_follow_the_prompt(think_model):
-    from llama_spec.chat import _make_budget, prepare_prompt
+    from llama_spec.chat_api import _make_budget, prepare_prompt
 
     m = think_model
     msgs = [{"role": "user", "content": "hi"}]
@@ -316,7 +316,7 @@ def test_reasoning_budget_states_follow_the_prompt(think_model):
 
 def test_no_thinking_gives_no_reasoning(think_model):
     from llama_spec import SamplerParams
-    from llama_spec.chat import chat
+    from llama_spec.chat_api import chat
 
     res = chat(think_model, [{"role": "user", "content": "hi"}], enable_thinking=False, reasoning_budget=4,
                sampling=SamplerParams(temp=0.0), max_tokens=8)
@@ -327,7 +327,7 @@ def test_no_thinking_gives_no_reasoning(think_model):
 
 def test_stop_string_and_max_tokens(smollm):
     from llama_spec import SamplerParams
-    from llama_spec.chat import chat
+    from llama_spec.chat_api import chat
 
     msgs = [{"role": "user", "content": "Count from 1 to 20, separated by commas."}]
     full = chat(smollm, msgs, sampling=SamplerParams(temp=0.0), max_tokens=16)
@@ -347,10 +347,8 @@ def test_llama_spec_chat_is_callable(smollm):
 
     import llama_spec
 
-    chat_module = importlib.import_module("llama_spec.chat")
-    # `llama_spec.chat` is the function (lazy export) or the module, depending on import order:
-    # both must be callable.
-    assert callable(llama_spec.chat) and callable(chat_module)
+    chat_module = importlib.import_module("llama_spec.chat_api")
+    assert llama_spec.chat is chat_module.chat  # the package attribute is the function
     from llama_spec import SamplerParams
 
     r = llama_spec.chat(smollm, [{"role": "user", "content": "hi"}], sampling=SamplerParams(temp=0.0), max_tokens=2)
@@ -362,7 +360,7 @@ def test_cli_repl_keeps_history(monkeypatch, capsys):
 
     from llama_spec import cli
 
-    chat_module = importlib.import_module("llama_spec.chat")
+    chat_module = importlib.import_module("llama_spec.chat_api")
     seen = []
     real_turn = chat_module._turn
 
@@ -430,6 +428,16 @@ def test_hf_offline_cached_model_loads(offline_hub):
         m.close()
 
 
+def test_cli_chat_hf_from_offline_cache(offline_hub, capsys):
+    from llama_spec import cli
+
+    rc = cli.main(["chat", "-m", "unused", "-hf", "someone/SmolLM2-135M-Instruct-GGUF:Q4_1", "-p", "hi",
+                   "-n", "3", "--temp", "0", "-c", "256"])
+    out = capsys.readouterr()
+    assert rc == 0, out.err
+    assert str(offline_hub) in out.err and "generated=" in out.err
+
+
 def test_hf_offline_uncached_is_a_one_line_error(offline_hub, capsys):
     from llama_spec import cli
     from llama_spec.hub import ModelNotCachedError, from_pretrained, resolve_hf
@@ -469,7 +477,7 @@ def test_select_gguf_rules():
 
 
 def test_tool_calls_are_parsed_into_openai_shape():
-    from llama_spec.chat import _parse_tool_calls
+    from llama_spec.chat_api import _parse_tool_calls
 
     text = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
     content, calls = _parse_tool_calls(text)

@@ -183,7 +183,7 @@ def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
 def mtp_sigma_pair():
     from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
 
-    m = Model(synthetic_mtp_path(sigma=0.05, seed=0), load_mtp=True)
+    m = Model(synthetic_mtp_path(sigma=0.02, seed=0), load_mtp=True, repack=False)
     spec = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=4096), n_ctx=4096, n_max=3)
     yield spec
     spec.close()

@@ -19,6 +19,7 @@ struct llama_model_params {
     void * progress_callback_user_data;
     bool vocab_only;
     bool check_tensors;
+    bool use_extra_bufts;
     bool load_mtp;
     ...;
 };

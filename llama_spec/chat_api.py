@@ -24,7 +24,6 @@ import os
 import re
 import sys
 import time
-import types
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -727,13 +726,3 @@ def cli_chat(ns) -> int:
     finally:
         _finish_topk(ns, topk)
         gen.close()
-
-
-# ``llama_spec.chat`` is both this module and (through the package's lazy exports) the chat()
-# function; whichever the package attribute ends up being, calling it runs chat().
-class _CallableModule(types.ModuleType):
-    def __call__(self, *args, **kwargs):
-        return chat(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
