@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from . import backends as _devices
+from . import rpc as _rpc
 from ._ffi import clear_recent_errors, ffi, lib, recent_errors
 from .errors import ModelLoadError
 
@@ -65,8 +66,21 @@ class Model:
         _check_gguf_file(self.path)
         if split_mode not in SPLIT_MODES:
             raise ValueError(f"split_mode {split_mode!r}: expected one of {', '.join(SPLIT_MODES)}")
+        self.rpc_endpoints: tuple[str, ...] = ()
+        ts = None
+        if tensor_split is not None:
+            ts = [float(x) for x in tensor_split]
+            if any(not np.isfinite(x) or x < 0 for x in ts):
+                raise ValueError(f"tensor_split {ts}: weights must be finite and non-negative")
+            if not any(ts):
+                raise ValueError(f"tensor_split {ts}: at least one weight must be positive")
+            if len(ts) > lib.llama_max_devices():
+                raise ValueError(f"tensor_split longer than llama_max_devices() = {lib.llama_max_devices()}")
+        if isinstance(rpc_servers, str) or isinstance(devices, str):
+            raise TypeError("rpc_servers and devices are lists of strings (e.g. rpc_servers=['127.0.0.1:50052'])")
+        rpc_devs: list[str] = []
         for ep in rpc_servers or ():
-            _devices.add_rpc_server(ep)
+            rpc_devs += _devices.add_rpc_server(ep)
 
         params = lib.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
@@ -81,31 +95,45 @@ class Model:
         params.use_extra_bufts = bool(repack)
 
         # cffi memory must outlive the load call: keep references on self.
-        dev_names = list(devices) if devices is not None else None
+        if devices is not None:
+            dev_names = list(devices)
+        elif _rpc.registered_endpoints():
+            # llama.cpp's default selection takes every RPC device registered in the process
+            # (first); a model uses only the servers it names - the others may serve other
+            # models, or be gone. Local GPUs are added as llama.cpp would.
+            dev_names = rpc_devs + _devices.local_offload_devices()
+        else:
+            dev_names = None
         if dev_names is not None:
             handles = [_devices.device_handle(n) for n in dev_names]
             self._dev_arr = ffi.new("ggml_backend_dev_t[]", [*handles, ffi.NULL])
             params.devices = self._dev_arr
+            self.rpc_endpoints = tuple(dict.fromkeys(
+                ep for n in dev_names if (ep := _devices.rpc_endpoint_of(n)) is not None))
         n_dev = len(dev_names) if dev_names is not None else self._n_offload_devices()
-        if tensor_split is not None:
-            ts = [float(x) for x in tensor_split]
-            if any(not np.isfinite(x) or x < 0 for x in ts):
-                raise ValueError(f"tensor_split {ts}: weights must be finite and non-negative")
-            if not any(ts):
-                raise ValueError(f"tensor_split {ts}: at least one weight must be positive")
+        if ts is not None:
             if len(ts) > max(n_dev, 1):
                 raise ValueError(
                     f"tensor_split has {len(ts)} entries but only {max(n_dev, 1)} device(s) can hold layers"
+                    + (f" ({', '.join(dev_names)}; the CPU is not one of them)" if dev_names else "")
                 )
-            if len(ts) > lib.llama_max_devices():
-                raise ValueError(f"tensor_split longer than llama_max_devices() = {lib.llama_max_devices()}")
             self._ts_arr = ffi.new("float[]", ts + [0.0] * (lib.llama_max_devices() - len(ts)))
             params.tensor_split = self._ts_arr
         if main_gpu < 0 or (n_dev and main_gpu >= max(n_dev, 1)):
             raise ValueError(f"main_gpu={main_gpu} out of range for {max(n_dev, 1)} device(s)")
+        for ep in self.rpc_endpoints:
+            # ggml-rpc aborts the process when it cannot connect, and waits forever on a server
+            # busy with another client: check each server answers before llama.cpp talks to it
+            ok, why = _rpc.endpoint_usable(ep)
+            if not ok:
+                raise _rpc.RpcConnectionError(ep, f"cannot be used: {why}")
 
         clear_recent_errors()
-        ptr = lib.llama_model_load_from_file(os.fsencode(self.path), params)
+        path_b = os.fsencode(self.path)
+        if self.rpc_endpoints:  # a server lost while the weights upload raises, not aborts
+            ptr = _rpc.call_guarded(lib.llama_model_load_from_file, path_b, params)
+        else:
+            ptr = lib.llama_model_load_from_file(path_b, params)
         if ptr == ffi.NULL:
             reason = "; ".join(recent_errors()) or "llama.cpp returned no model"
             raise ModelLoadError(str(self.path), reason)

@@ -69,6 +69,8 @@ class SpecStats:
     reached: list[int] = field(default_factory=lambda: [0] * N_MAX_LIMIT)        # per position
     accepted_at: list[int] = field(default_factory=lambda: [0] * N_MAX_LIMIT)    # per position
     expected_accept: list[float] = field(default_factory=lambda: [0.0] * N_MAX_LIMIT)  # sum min(p,q)
+    # p(argmax q) at the same positions: what the exact-match rule with an argmax draft accepts
+    expected_accept_exact: list[float] = field(default_factory=lambda: [0.0] * N_MAX_LIMIT)
     t_prompt_s: float = 0.0
     t_decode_s: float = 0.0
     n_prompt: int = 0
@@ -90,7 +92,7 @@ class SpecStats:
         for f in ("verifications", "drafted", "accepted", "recovered", "bonus", "extra_accepted",
                   "exact_match_verifications", "fallback_positions", "emitted", "t_prompt_s", "t_decode_s", "n_prompt"):
             setattr(self, f, getattr(self, f) + getattr(o, f))
-        for f in ("reached", "accepted_at", "expected_accept"):
+        for f in ("reached", "accepted_at", "expected_accept", "expected_accept_exact"):
             a, b = getattr(self, f), getattr(o, f)
             setattr(self, f, [x + y for x, y in zip(a, b, strict=True)])
         return self
@@ -105,6 +107,7 @@ class SpecStats:
             "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
             "reached": self.reached[:n], "accepted_at": self.accepted_at[:n],
             "expected_accept": self.expected_accept[:n],
+            "expected_accept_exact": self.expected_accept_exact[:n],
             "n_prompt": self.n_prompt, "t_prompt_s": self.t_prompt_s, "t_decode_s": self.t_decode_s,
             "decode_tps": self.decode_tps,
         }
@@ -305,8 +308,10 @@ class SpeculativeGenerator:
                 if use_rejection:
                     ids, probs, sampled = sampler.candidates_and_sample(row)
                     if self.record_pq:
-                        stats.expected_accept[i] += _sum_min(ids, probs, prop.q_ids[i], prop.q_probs[i], self.scratch)
-                    if _accept.p_is_normalized(probs):
+                        qi, qp = prop.q_ids[i], prop.q_probs[i]
+                        stats.expected_accept[i] += _sum_min(ids, probs, qi, qp, self.scratch)
+                        stats.expected_accept_exact[i] += float(probs[ids == qi[np.argmax(qp)]].sum())
+                    if _accept.p_is_normalized(probs) and _accept.p_is_normalized(prop.q_probs[i]):
                         tok, ok = _accept.accept_step_kernel(ids, probs, d, prop.q_ids[i], prop.q_probs[i],
                                                              rng, self.scratch)
                         tok, ok = int(tok), bool(ok)

@@ -136,18 +136,29 @@ def test_mirror_sampler_clamps_top_k_and_keeps_truncation():
 # -- acceptance: the rejection rule beats exact match and matches sum min(p, q) ------------------------
 @pytest.mark.parametrize("temp", [0.6, 0.8, 1.0])
 def test_rejection_rule_accepts_more_than_exact_match(pair, temp):
+    """Paired comparison at the same positions: the rejection rule accepts a sampled draft with
+    probability sum_y min(p, q); the exact-match rule accepts an argmax draft with probability
+    p(argmax q). Both are logged at every verified position of the same runs, so the comparison
+    carries no sampling noise from the accept decisions (realized accepted lengths, with their
+    noise bands, are measured by scripts/bench_spec.py). Averaged over the positions visited,
+    the rejection rule must accept more at each temperature."""
     spec, _ = pair
-    s = SamplerParams(temp=temp)
-    acc = {True: [0, 0], False: [0, 0]}
-    for rule in (True, False):
-        for seed in range(3):
-            for prompt in PROMPTS:
-                r = spec.generate(prompt, sampling=s, seed=seed, n_predict=48, spec_draft_sample=rule, ignore_eos=True)
-                acc[rule][0] += r.stats.accepted
-                acc[rule][1] += r.stats.verifications
-    mean_new = acc[True][0] / acc[True][1]
-    mean_old = acc[False][0] / acc[False][1]
-    assert mean_new > mean_old, (temp, mean_new, mean_old)
+    spec.record_pq = True
+    total = None
+    try:
+        for prompt in PROMPTS:
+            r = spec.generate(prompt, sampling=SamplerParams(temp=temp), seed=1, n_predict=64, ignore_eos=True)
+            if total is None:
+                total = r.stats
+            else:
+                total += r.stats
+    finally:
+        spec.record_pq = False
+    visits = sum(total.reached)
+    assert visits > 60
+    new = sum(total.expected_accept) / visits
+    old = sum(total.expected_accept_exact) / visits
+    assert new > old, (temp, new, old)
 
 
 def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):

@@ -1,0 +1,163 @@
+"""The benchmark scripts run in smoke size and write the JSON the performance tables come from.
+
+Each script runs as a subprocess, as a user runs it. Sizes are tiny (the synthetic MTP model,
+SmolLM2-135M, 16-32 tokens), so the numbers are noisy: the checks are on structure and sanity
+(positive rates, counters that add up, the temperature-0 control), not on speed.
+The llama-cpp-python comparison needs its own venv (building it compiles llama.cpp for minutes):
+it runs only when that venv exists, and is marked slow.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPTS = ROOT / "scripts"
+
+
+def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
+    p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    assert p.returncode == 0, f"{args} exited {p.returncode}\nstdout:\n{p.stdout[-3000:]}\nstderr:\n{p.stderr[-5000:]}"
+    return p
+
+
+def _machine_ok(m: dict) -> None:
+    assert {"date", "cpu", "cores", "uptime", "python"} <= m.keys()
+    assert "load average" in m["uptime"]
+
+
+def test_bench_spec_smoke(tmp_path):
+    out, png = tmp_path / "spec.json", tmp_path / "spec.png"
+    p = _run([sys.executable, str(SCRIPTS / "bench_spec.py"), "--smoke", "--json", str(out), "--png", str(png)])
+    assert "| class | temp |" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["kind"] == "bench_spec" and res["smoke"] is True
+    _machine_ok(res["machine"])
+    assert res["control_identical"] is True and res["control_mismatches"] == []
+    assert res["config"]["mtp"] is True and res["config"]["temps"] == [0.0, 0.8]
+    rows = {(r["class"], r["temp"]): r for r in res["rows"]}
+    assert set(rows) == {("code", 0.0), ("code", 0.8), ("prose", 0.0), ("prose", 0.8)}
+    for (_cls, temp), r in rows.items():
+        for arm in ("exact", "rejection"):
+            a = r[arm]
+            assert a["tps"]["n"] == 2 and a["tps"]["min"] > 0
+            assert 0.0 <= a["acceptance_rate"] <= 1.0
+            assert 0.0 <= a["mean_accepted_length"] <= res["config"]["n_max"]
+            assert a["accepted"] <= a["drafted"]
+            assert a["emitted"] == 2 * res["config"]["n_tokens"]
+        assert r["exact"]["extra_accepted"] == 0  # exact match never keeps a token the target did not sample
+        assert r["ratio"]["median"] > 0
+        if temp == 0:
+            assert r["verdict"] == "control"
+            assert r["rejection"]["extra_accepted"] == 0
+            # greedy: both arms make the same drafts and keep the same ones
+            assert r["exact"]["accepted"] == r["rejection"]["accepted"]
+        else:
+            assert r["verdict"] in ("gain", "loss", "within noise")
+            assert len(r["noise_band"]) == 2
+    # sigma-0 synthetic head: q ~ p, the rejection rule keeps (nearly) every draft at T 0.8
+    assert rows[("prose", 0.8)]["rejection"]["acceptance_rate"] >= rows[("prose", 0.8)]["exact"]["acceptance_rate"]
+    for run in res["runs"]:
+        assert run["emitted"] == res["config"]["n_tokens"]
+        assert run["accepted"] + run["recovered"] <= run["drafted"] + run["verifications"]
+    assert png.stat().st_size > 10_000
+
+
+def test_bench_native_smoke(tmp_path):
+    out = tmp_path / "native.json"
+    p = _run([sys.executable, str(SCRIPTS / "bench_native.py"), "--smoke", "--json", str(out)])
+    assert "exact ÷ native" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["kind"] == "bench_native" and res["smoke"] is True
+    _machine_ok(res["machine"])
+    (s,) = res["settings"]
+    assert s["repack"] is False and "--spec-type draft-mtp" in s["native_command"] and "-nr" in s["native_command"]
+    assert res["greedy_identity"]["checked"] >= 1 and res["greedy_identity"]["mismatches"] == []
+    for rec in s["prompts"]:
+        assert len(rec["native"]) == len(rec["exact"]) == len(rec["rejection"]) == 2
+        for slot in ("native", "exact", "rejection"):
+            for r in rec[slot]:
+                assert r["tps"] > 0 and r["emitted"] >= 1
+        assert rec["native_deterministic"] is True or rec["temp"] > 0
+        if rec["temp"] == 0:
+            assert rec["exact_same_text"] and rec["rejection_same_text"]
+        assert rec["exact_ratio"] > 0 and rec["rejection_ratio"] > 0
+    alls = [r for r in s["rows"] if r["class"] == "all"]
+    assert {r["temp"] for r in alls} == {0.0, 0.8}
+    for r in alls:
+        assert r["exact_ratio"]["median"] > 0
+
+
+def test_ppl_parity_smoke(tmp_path):
+    out = tmp_path / "ppl.json"
+    _run([sys.executable, str(SCRIPTS / "ppl_parity.py"), "--smoke", "--json", str(out)])
+    res = json.loads(out.read_text())
+    assert res["kind"] == "ppl_parity" and res["identical"] is True
+    assert res["on"]["spec_draft_sample"] is True and res["off"]["spec_draft_sample"] is False
+    assert res["on"]["ppl_4"] == res["off"]["ppl_4"] == res["native"]["ppl_4"]
+    assert res["on"]["n_chunks"] == 2 and len(res["native"]["chunk_ppl"]) == 2
+    assert 1.0 < res["on"]["ppl"] < 1000.0
+    assert res["on"]["drafted"] > 0
+
+
+def test_profile_spec_smoke(tmp_path):
+    out = tmp_path / "prof.json"
+    p = _run([sys.executable, str(SCRIPTS / "profile_spec.py"), "--smoke", "--json", str(out)])
+    assert "Python glue" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["kind"] == "profile_spec"
+    assert 0 < res["wrapper_overhead_us"] < 50
+    assert [(c["temp"], c["arm"]) for c in res["configs"]] == [(0.8, "exact"), (0.8, "rejection")]
+    for c in res["configs"]:
+        assert c["steps"] > 0 and c["step_us"] > 0
+        cats = c["categories"]
+        assert {"target: llama.cpp decode", "drafter: llama.cpp decode", "sampler chain", "kernel",
+                "Python glue"} <= cats.keys()
+        total = sum(v["pct"] for v in cats.values())
+        assert 95.0 <= total <= 100.5, total  # self times + glue account for the whole loop
+        assert cats["target: llama.cpp decode"]["us_per_step"] > 0
+        assert cats["target: llama.cpp decode"]["calls_per_step"] == pytest.approx(1.0, abs=0.01)
+        assert c["cprofile_top"] and "function" in c["cprofile_top"][0]
+    assert res["configs"][1]["categories"]["kernel"]["calls_per_step"] > 0  # the rejection arm runs the kernel
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="needs bash")
+def test_gpu_check_dry_run(tmp_path):
+    out = tmp_path / "gpu"
+    _run(["bash", str(SCRIPTS / "gpu_check.sh"), str(out), "--dry-run"], timeout=900)
+    res = json.loads((out / "gpu_check.json").read_text())
+    assert res["kind"] == "gpu_check" and res["dry_run"] is True and res["ok"] is True
+    st = {s["step"]: s["status"] for s in res["steps"]}
+    for step in ("prepare", "wheels", "source", "models-f16", "models-q4km", "load-check"):
+        assert st[step] == "ok", (step, res["steps"])
+    for step in ("build", "pytest", "split", "bench-native-pair", "bench-native-mtp", "profile-pair"):
+        assert st[step] == "skipped"
+    log = (out / "gpu_check.log").read_text()
+    assert "-DGGML_CUDA=ON" in log and "-DCMAKE_CUDA_ARCHITECTURES=90" in log
+    assert "mtp accept" in log
+
+
+LCP_VENV = Path(os.environ.get("LLAMA_SPEC_LCP_VENV", "/tmp/lcp-venv"))
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (LCP_VENV / "bin" / "python").exists(),
+                    reason=f"no llama-cpp-python venv at {LCP_VENV} (scripts/bench_bindings.py creates it, ~7 min)")
+def test_bench_bindings_smoke(tmp_path):
+    out = tmp_path / "bind.json"
+    _run([sys.executable, str(SCRIPTS / "bench_bindings.py"), "--smoke", "--no-build-venv", "--venv", str(LCP_VENV),
+          "--json", str(out)])
+    res = json.loads(out.read_text())
+    (m,) = res["models"]
+    assert m["llama_cpp_python"] == "0.3.36"
+    assert m["ours_tps"]["min"] > 0 and m["theirs_tps"]["min"] > 0 and m["ratio"]["median"] > 0
+    assert m["same_tokens"] == m["n_prompts"]
