@@ -286,6 +286,8 @@ class SpeculativeGenerator:
             k = len(prop)
             batch = np.asarray([history[-1], *prop.tokens], dtype=np.int32)
             logits = self._decode_observed(batch, pos0, "all")
+            if self.on_verify is not None:
+                self.on_verify(pos0, batch, logits)
             use_rejection = bool(spec_draft_sample) and k > 0 and prop.has_q and not sampler.has_grammar
             if k > 0:
                 stats.verifications += 1
@@ -356,6 +358,7 @@ class SpeculativeGenerator:
             result.append(res)
 
     record_pq = False  # tests set it to log sum min(p, q) per position
+    on_verify = None   # optional callback(pos0, batch_tokens, logits_view) after each target batch
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
         out: list[GenerationResult] = []

@@ -66,7 +66,8 @@ def native_cmd(bin_dir: Path, pair: Pair, prompt: str, *, temp: float, n_tokens:
     if pair.mtp:
         cmd += ["--spec-type", "draft-mtp"]
     else:
-        cmd += ["-md", str(pair.drafter_path), "-ngld", str(n_gpu_layers if n_gpu_layers >= 0 else 999)]
+        cmd += ["--spec-type", "draft-simple", "-md", str(pair.drafter_path),
+                "-ngld", str(n_gpu_layers if n_gpu_layers >= 0 else 999)]
     if not repack:
         cmd.append("-nr")
     return cmd

@@ -73,6 +73,7 @@ record() { printf '%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "${4:-}" >> "$STATUS"; log "
 run_step() {  # run_step NAME TIMEOUT CMD...  -> records ok/failed/timeout
   local name=$1 to=$2; shift 2
   local t0=$(date +%s)
+  if [ "$to" -le 0 ]; then record "$name" skipped 0 "time budget"; return 0; fi
   log "step $name: $*"
   timeout --kill-after=10 "$to" "$@" >> "$LOG" 2>&1
   local rc=$?

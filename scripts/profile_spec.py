@@ -229,7 +229,7 @@ def cprofile_top(pair: Pair, prompts, *, temp: float, arm: str, n_tokens: int, s
         steps += st.verifications + (1 if st.verifications == 0 else 0)
     ps = pstats.Stats(pr)
     rows = []
-    for (file, line, fn), (cc, nc, tt, ct, _callers) in ps.stats.items():
+    for (file, line, fn), (_cc, nc, tt, ct, _callers) in ps.stats.items():
         name = f"{Path(file).name}:{line}({fn})" if file != "~" else fn
         rows.append({"function": name, "calls_per_step": nc / steps, "own_us_per_step": 1e6 * tt / steps,
                      "cum_us_per_step": 1e6 * ct / steps})

@@ -164,30 +164,33 @@ def test_rejection_rule_accepts_more_than_exact_match(pair, temp):
 def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
     """Empirical acceptance at each draft position vs sum_y min(p, q) logged at that position.
 
-    The expected number of acceptances at a position is sum over visits of a_j = sum min(p, q);
-    the count has variance sum a_j (1 - a_j). We require the rate to be within 2 % (absolute)
-    of the expectation AND within 4.5 standard errors, a bound a correct loop violates with
-    probability < 1e-5 per position.
+    The number of acceptances at a position is a sum of independent Bernoulli(a_j) with
+    a_j = sum min(p, q) at visit j, so it has mean sum a_j and variance sum a_j (1 - a_j). We
+    require |empirical - expected| < 4.5 standard errors per position: a correct loop violates
+    it with probability < 1e-5 per position. The suite's N (a few hundred visits) cannot resolve
+    the issue's 2 % band statistically; scripts/accept_rate_check.py runs N large enough that
+    4.5 standard errors < 2 % and checks both.
     """
     spec = mtp_sigma_pair
     spec.record_pq = True
     s = SamplerParams(temp=0.8, top_k=40)
     total = None
-    for seed in range(12):
-        r = spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=400, ignore_eos=True)
-        if total is None:
-            total = r.stats
-        else:
-            total += r.stats
-    spec.record_pq = False
+    try:
+        for seed in range(6):
+            r = spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=150, ignore_eos=True)
+            if total is None:
+                total = r.stats
+            else:
+                total += r.stats
+    finally:
+        spec.record_pq = False
     for i in range(3):
         n = total.reached[i]
-        assert n > 800
-        emp = total.accepted_at[i] / n
-        exp = total.expected_accept[i] / n
-        se = np.sqrt(exp * (1 - exp) / n)
-        assert abs(emp - exp) < 0.02, (i, emp, exp, n)
-        assert abs(emp - exp) < 4.5 * se, (i, emp, exp, n, se)
+        assert n > 100
+        emp = total.accepted_at[i]
+        exp = total.expected_accept[i]
+        var = exp * (1 - exp / n)  # sum a_j (1 - a_j) <= n * abar * (1 - abar)
+        assert abs(emp - exp) < 4.5 * np.sqrt(var), (i, emp, exp, n)
 
 
 @pytest.fixture(scope="module")
@@ -197,5 +200,76 @@ def mtp_sigma_pair():
     m = Model(synthetic_mtp_path(sigma=0.02, seed=0), load_mtp=True, repack=False)
     spec = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=4096), n_ctx=4096, n_max=3)
     yield spec
+    spec.close()
+    m.close()
+
+
+# -- invariant 7: rejected drafts leave no trace (hybrid recurrent model) ---------------------------
+def test_rollback_next_verification_sees_only_accepted_prefix(mtp_sigma_pair):
+    """After a rejection, the next verification's logits equal those of a fresh context fed
+    exactly the accepted prefix (prompt + emitted tokens) and the same batch.
+
+    The fresh context receives the prefix as one prefill, the generator received it in pieces,
+    so the recurrent layer's chunked and step-by-step arithmetic may differ in the last bits:
+    we allow 1e-3 absolute on logits of magnitude ~10. A state that kept a rejected token
+    differs by O(1) (checked below by feeding the fresh context one wrong token).
+    """
+    from llama_spec import Context
+
+    spec = mtp_sigma_pair
+    m = spec.model
+    seen = []
+    spec.on_verify = lambda pos0, batch, logits: seen.append((pos0, batch.copy(), logits.copy()))
+    try:
+        r = spec.generate("Once upon a time", sampling=SamplerParams(temp=0.8), seed=4, n_predict=60, ignore_eos=True)
+    finally:
+        spec.on_verify = None
+    history = r.prompt_tokens + r.tokens
+    checked = 0
+    for (pos0_a, batch_a, _), (pos0_b, batch_b, logits_b) in zip(seen, seen[1:], strict=False):
+        if pos0_b - pos0_a >= len(batch_a):
+            continue  # all drafts were kept: no rollback happened before this verification
+        prefix = history[:pos0_b]
+        assert list(batch_b[:1]) == history[pos0_b:pos0_b + 1]
+        fresh = Context(m, n_ctx=512, n_batch=512)
+        fresh.prefill(prefix)
+        ref = fresh.decode(batch_b, outputs="all").copy()
+        assert np.abs(ref - logits_b).max() < 1e-3
+        # the test can fail: a context that also saw a rejected token differs by far more
+        bad = Context(m, n_ctx=512, n_batch=512)
+        bad.prefill(prefix + [int(batch_a[-1]) ^ 1])
+        wrong = bad.decode(batch_b, np.arange(len(prefix) + 1, len(prefix) + 1 + len(batch_b)), outputs="all").copy()
+        assert np.abs(wrong - logits_b).max() > 1e-2
+        fresh.close()
+        bad.close()
+        checked += 1
+        if checked == 3:
+            break
+    assert checked >= 1
+
+
+# -- invariant 5: reasoning budget, accept() exactly once per emitted token --------------------------
+@pytest.mark.parametrize("rule", [True, False])
+def test_reasoning_budget_with_both_rules(rule):
+    from llama_spec import ReasoningBudget
+    from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
+
+    m = Model(synthetic_mtp_path(sigma=0.0, seed=0, thinking=True), load_mtp=True, repack=False)
+    spec = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=512), n_ctx=512, n_max=3)
+    tok = lambda s: m.tokenize(s, add_special=False, parse_special=True)  # noqa: E731
+    start, end, forced = tok("<think>"), tok("</think>"), tok("\n</think>\n\n")
+    prompt = tok("<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n<think>\n")
+    rb = ReasoningBudget(m, start=[start], end=[end], forced=forced, budget=8, initial_state="counting")
+    r = spec.generate(prompt, sampling=SamplerParams(temp=0.8), seed=2, n_predict=40, reasoning_budget=rb,
+                      spec_draft_sample=rule, ignore_eos=True)
+    toks = r.tokens
+    # 8 free tokens (a few more only if the 8th ended inside a UTF-8 character), then the forced end
+    i = next(j for j in range(len(toks)) if toks[j:j + len(forced)] == forced)
+    assert 8 <= i <= 11, (i, toks[:16])
+    assert end[0] not in toks[:i]
+    assert len(toks) > i + len(forced)  # and the answer continues after the block
+    assert spec.last_sampler.n_accept_calls == len(toks)  # exactly once per emitted token
+    assert spec.last_sampler.budget.state == "done"
+    assert r.stats.verifications > 0
     spec.close()
     m.close()
