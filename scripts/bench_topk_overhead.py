@@ -24,7 +24,7 @@ import sys
 import textwrap
 import time
 
-from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator, TopKStats
+from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, TopKStats
 from llama_spec import speculative as sp
 
 
