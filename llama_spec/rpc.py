@@ -27,6 +27,7 @@ Three parts:
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
@@ -359,7 +360,55 @@ def install_abort_handler() -> bool:
             log.warning("could not install the ggml abort callback (%s): a lost RPC server will abort the process", e)
             return False
         _abort_state.update(abi=abi, base=base, cb=cb, prev=prev)
+        atexit.register(_at_exit)
         return True
+
+
+def _at_exit() -> None:
+    """Before the interpreter tears down: retire what lives on servers that are gone.
+
+    Freeing a model whose server is gone makes ggml-rpc abort (or, with the callback still
+    installed while Python finalizes, wait forever). So models on servers that no longer answer
+    are leaked, and the callback is removed: from here on ggml's own abort() applies.
+    """
+    with contextlib.suppress(Exception):
+        release_unreachable(timeout=1.0)
+    with _lock:
+        state = dict(_abort_state)
+    if state:
+        with contextlib.suppress(Exception):
+            state["base"].ggml_set_abort_callback(state["prev"])
+
+
+def _live_rpc_models() -> list:
+    import gc
+
+    from .model import Model
+
+    return [o for o in gc.get_objects() if isinstance(o, Model) and model_endpoints(o)]
+
+
+def release_unreachable(timeout: float = 1.0) -> dict[str, str]:
+    """Retire models and contexts on RPC servers that stopped answering; return {endpoint: why}.
+
+    Their native memory is leaked (freeing it would make ggml-rpc abort the process) and they
+    become :class:`LostRpcObject`; the endpoints count as lost for this process. Runs by itself
+    at interpreter exit; call it before closing models when a server may have gone away.
+    """
+    with _lock:
+        known_lost = set(_lost)
+    in_use = {ep for m in _live_rpc_models() for ep in model_endpoints(m)} - known_lost
+    bad = {}
+    for ep in sorted(in_use):
+        ok, why = endpoint_usable(ep, timeout=timeout)
+        if not ok:
+            bad[ep] = why
+    if bad:
+        with _lock:
+            for ep, why in bad.items():
+                _lost.setdefault(ep, why)
+        _tombstone_lost()
+    return bad
 
 
 def _our_tcp_states(host: str, port: int) -> list[str]:
@@ -565,6 +614,30 @@ def _tombstone_lost() -> None:
     for o, ep in models.values():
         o.__dict__["_rpc_lost"] = (type(o).__name__, ep)
         o.__class__ = LostRpcObject
+
+
+def retire_if_unreachable(model, timeout: float = 1.0) -> bool:
+    """Before freeing `model` (or a context on it): True if one of its servers is gone.
+
+    Then `model`, its contexts and everything else on that server were turned into
+    :class:`LostRpcObject` (leaked); the caller must not free anything. False: free as usual.
+    """
+    eps = model_endpoints(model)
+    if not eps:
+        return False
+    bad = {}
+    for ep in eps:
+        ok, why = endpoint_usable(ep, timeout=timeout)
+        if not ok:
+            bad[ep] = why
+    if not bad:
+        return False
+    with _lock:
+        for ep, why in bad.items():
+            _lost.setdefault(ep, why)
+    _tombstone_lost()
+    log.warning("RPC server %s is gone: leaking what lived on it instead of freeing it", ", ".join(bad))
+    return True
 
 
 def check_model(model) -> None:

@@ -177,7 +177,7 @@ def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
     total = None
     try:
         for seed in range(6):
-            r = spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=150, ignore_eos=True)
+            r = spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=200, ignore_eos=True)
             if total is None:
                 total = r.stats
             else:
@@ -186,7 +186,7 @@ def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
         spec.record_pq = False
     for i in range(3):
         n = total.reached[i]
-        assert n > 100
+        assert n > 40
         emp = total.accepted_at[i]
         exp = total.expected_accept[i]
         var = exp * (1 - exp / n)  # sum a_j (1 - a_j) <= n * abar * (1 - abar)
@@ -210,9 +210,10 @@ def test_rollback_next_verification_sees_only_accepted_prefix(mtp_sigma_pair):
     exactly the accepted prefix (prompt + emitted tokens) and the same batch.
 
     The fresh context receives the prefix as one prefill, the generator received it in pieces,
-    so the recurrent layer's chunked and step-by-step arithmetic may differ in the last bits:
-    we allow 1e-3 absolute on logits of magnitude ~10. A state that kept a rejected token
-    differs by O(1) (checked below by feeding the fresh context one wrong token).
+    so the recurrent layer's chunked and step-by-step arithmetic may differ in the last bits.
+    The synthetic model is nearly a bigram model (its trunk matrices are ~1e-3), so one stale
+    token moves the logits by only ~3e-3: we require the rolled-back state to match the fresh
+    context at least 10x more closely than a context that kept one wrong token does.
     """
     from llama_spec import Context
 
@@ -234,12 +235,13 @@ def test_rollback_next_verification_sees_only_accepted_prefix(mtp_sigma_pair):
         fresh = Context(m, n_ctx=512, n_batch=512)
         fresh.prefill(prefix)
         ref = fresh.decode(batch_b, outputs="all").copy()
-        assert np.abs(ref - logits_b).max() < 1e-3
+        good_diff = float(np.abs(ref - logits_b).max())
         # the test can fail: a context that also saw a rejected token differs by far more
         bad = Context(m, n_ctx=512, n_batch=512)
         bad.prefill(prefix + [int(batch_a[-1]) ^ 1])
         wrong = bad.decode(batch_b, np.arange(len(prefix) + 1, len(prefix) + 1 + len(batch_b)), outputs="all").copy()
-        assert np.abs(wrong - logits_b).max() > 1e-2
+        wrong_diff = float(np.abs(wrong - logits_b).max())
+        assert good_diff * 10 < wrong_diff, (good_diff, wrong_diff)
         fresh.close()
         bad.close()
         checked += 1
