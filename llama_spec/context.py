@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from . import rpc as _rpc
 from ._ffi import clear_recent_errors, ffi, lib, recent_errors
 from .errors import ContextError, DecodeError
 from .model import Model
@@ -71,7 +72,14 @@ class Context:
         if ctx_other is not None:
             p.ctx_other = ctx_other.ptr
         clear_recent_errors()
-        ptr = lib.llama_init_from_model(model.ptr, p)
+        # on RPC servers: every call that talks to them runs guarded (a lost server raises
+        # RpcConnectionError instead of aborting the process; see llama_spec.rpc)
+        self._rpc = bool(getattr(model, "rpc_endpoints", ()))
+        if self._rpc:
+            _rpc.check_model(model)
+            ptr = _rpc.call_guarded(lib.llama_init_from_model, model.ptr, p)
+        else:
+            ptr = lib.llama_init_from_model(model.ptr, p)
         if ptr == ffi.NULL:
             raise ContextError("llama.cpp could not create the context: " + ("; ".join(recent_errors()) or "unknown reason"))
         self._ptr = ptr
@@ -104,6 +112,8 @@ class Context:
         return self._ptr
 
     def close(self) -> None:
+        if self._ptr != ffi.NULL and self._rpc and _rpc.retire_if_unreachable(self.model):
+            return  # its server is gone: leaked (freeing would abort), self is a LostRpcObject now
         if self._batch != ffi.NULL:
             lib.llama_batch_ext_free(self._batch)
             self._batch = ffi.NULL
@@ -182,13 +192,21 @@ class Context:
             if embd.dtype != np.float32 or not embd.flags.c_contiguous or embd.shape != (n, self.n_embd):
                 raise ValueError(f"embd must be C-contiguous float32 of shape ({n}, {self.n_embd}), got {embd.dtype} {embd.shape}")
             e_ptr = ffi.cast("float *", embd.ctypes.data)
-        rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
+        if self._rpc:
+            rc = _rpc.call_guarded(self._process_sync, n, seq_id, e_ptr)
+        else:
+            rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
         if rc <= -100:
             raise DecodeError(rc, f"adding batch row {-100 - rc}")
         if rc != 0:
             raise DecodeError(rc)
         self.n_outputs = int(self._out[:n].sum())
         return self.logits()
+
+    def _process_sync(self, n: int, seq_id: int, e_ptr) -> int:
+        rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
+        lib.llama_synchronize(self._ptr)  # all of this decode's RPC traffic happens under the guard
+        return rc
 
     def logits(self) -> np.ndarray:
         """Zero-copy view of the last decode's logits, (n_outputs, n_vocab) float32."""

@@ -169,6 +169,8 @@ class Model:
     # -- lifetime ---------------------------------------------------------------------------
     def close(self) -> None:
         if self._ptr != ffi.NULL:
+            if self.rpc_endpoints and _rpc.retire_if_unreachable(self):
+                return  # its server is gone: leaked (freeing would abort), self is a LostRpcObject now
             lib.llama_model_free(self._ptr)
             self._ptr = ffi.NULL
 

@@ -295,6 +295,10 @@ _RPC_ABORT_MARKERS = (
 )
 
 
+# threading's stand-in for threads not started by Python (ggml-rpc's dispatcher threads)
+_FOREIGN_THREAD = getattr(threading, "_DummyThread", ())
+
+
 class _Guard:
     __slots__ = ("done", "failure")
 
@@ -331,6 +335,12 @@ def check_not_lost(endpoint: str) -> None:
 
 
 def _libggml_base_path() -> Path:
+    """The libggml-base this process loaded (the binding links it), else the packaged one."""
+    with contextlib.suppress(OSError), open("/proc/self/maps") as fh:
+        for line in fh:
+            path = line.rstrip("\n").split(maxsplit=5)[-1]
+            if os.path.basename(path).startswith("libggml-base.so"):
+                return Path(path)
     return Path(__file__).resolve().parent / "_lib" / "libggml-base.so.0"
 
 
@@ -352,7 +362,9 @@ def install_abort_handler() -> bool:
                 "ggml_abort_callback_t ggml_set_abort_callback(ggml_abort_callback_t callback);"
                 "void ggml_print_backtrace(void);"
             )
-            # the same libggml-base.so.0 the compiled binding loaded (dlopen returns its handle)
+            from . import _ffi  # noqa: F401 - loads libggml-base first
+
+            # the libggml-base the binding loaded: dlopen returns that handle, same globals
             base = abi.dlopen(str(_libggml_base_path()))
             cb = abi.callback("void(const char *)", _on_ggml_abort)
             prev = base.ggml_set_abort_callback(cb)
@@ -522,7 +534,10 @@ def _on_ggml_abort(c_message) -> None:
         for ep, why in lost.items():
             _lost.setdefault(ep, why)
         waiters = list(_waiters)
-        park = bool(waiters) and threading.current_thread() is not threading.main_thread()
+        # Park only ggml-rpc's own dispatcher threads (foreign to Python): they hold no lock.
+        # The other RPC aborts happen while connecting, on the calling thread, under
+        # ggml-rpc's global dispatcher mutex - parking there would deadlock every later use.
+        park = bool(waiters) and isinstance(threading.current_thread(), _FOREIGN_THREAD)
         if park:
             err = RpcConnectionError(
                 names, f"was lost during the call ({reasons}; ggml-rpc: {detail}). Models and contexts "
