@@ -27,6 +27,8 @@ _EXPORTS = {
     "devices": "backends",
     "add_rpc_server": "backends",
     "perplexity": "evaluation",
+    "local_rpc_servers": "rpc",
+    "RpcConnectionError": "rpc",
     "chat": "chat_api",
     "ChatCompletion": "chat_api",
     "from_pretrained": "hub",
