@@ -214,9 +214,15 @@ t0 = time.time()
 bin_dir = build_llama.cmake_build()
 t1 = time.time()
 ffi = build_llama.ffibuilder(bin_dir)
-ffi.compile(tmpdir=str(repo), verbose=False)
-t2 = time.time()
+# compile in a scratch folder: cffi runs setuptools there, which must not read the repo's pyproject.toml
+scratch = Path(sys.argv[2]) if len(sys.argv) > 2 else repo / "build" / "cffi"
+scratch.mkdir(parents=True, exist_ok=True)
+so = Path(ffi.compile(tmpdir=str(scratch), verbose=False))
 pkg = repo / "llama_spec"
+for old in pkg.glob("_llama_cffi*.so"):
+    old.unlink()
+shutil.copy2(so, pkg / so.name)
+t2 = time.time()
 lib_dir = pkg / "_lib"
 shutil.rmtree(lib_dir, ignore_errors=True)
 lib_dir.mkdir()
@@ -370,7 +376,7 @@ else
   export LLAMA_SPEC_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 LLAMA_SPEC_BUILD_CACHE=/tmp/lsp-build
   export CMAKE_ARGS="-DGGML_CUDA_NCCL=OFF ${GPU_CHECK_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$NPROC
   BUILD_T0=$(date +%s)
-  ( timeout --kill-after=10 $(budget_for 420 150) $PY "$WORK/build_pkg.py" "$REPO" > "$BUILD_JSON.out" 2> "$WORK/build.err"; echo $? > "$WORK/build.rc" ) &
+  ( timeout --kill-after=10 $(budget_for 420 150) $PY "$WORK/build_pkg.py" "$REPO" "$WORK/cffi" > "$BUILD_JSON.out" 2> "$WORK/build.err"; echo $? > "$WORK/build.rc" ) &
   BUILD_PID=$!
 fi
 
