@@ -15,7 +15,8 @@ throughput ratio (median of per-seed pairs, with its min-max band).
 
 Temperature 0 is the control: both arms must emit identical tokens there (the harness checks it
 and exits non-zero otherwise), and its throughput ratio is the noise floor: a gain at T > 0
-counts only when it lies outside the control's band of the same class.
+counts only when the median ratio lies outside 1 ± (the control's largest deviation from 1) of
+the same class.
 
 Outputs: JSON (--json), a markdown table (--md, also printed), a PNG plot (--png; matplotlib,
 Agg backend; skipped with a note when matplotlib is missing).
@@ -334,7 +335,10 @@ def summarize_runs(runs: list[dict], classes: list[str], temps: list[float]) -> 
                 control = ratio
                 row["verdict"] = "control"
             elif control and control.get("median") is not None and ratio.get("median") is not None:
-                lo, hi = control["min"], control["max"]
+                # the arms are identical at T=0, so the true control ratio is 1: the band is the
+                # control's largest deviation from 1, both ways
+                d = max(abs(control["min"] - 1.0), abs(control["max"] - 1.0))
+                lo, hi = 1.0 - d, 1.0 + d
                 row["noise_band"] = [lo, hi]
                 row["verdict"] = ("gain" if ratio["median"] > hi else
                                   "loss" if ratio["median"] < lo else "within noise")
