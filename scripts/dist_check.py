@@ -34,7 +34,7 @@ def main() -> int:
     t0 = time.time()
     bar = tqdm(total=3 * ns.n, desc="samples", file=sys.stderr)
     tick = lambda _i: bar.update(1)  # noqa: E731
-    ref = dist.joint_samples(plain, ns.prompt, range(ns.n), sampling=sampling, progress=tick)
+    ref = dist.joint_samples(plain, ns.prompt, range(ns.n), sampling=sampling, n_predict=3, progress=tick)
     new = dist.joint_samples(spec, ns.prompt, range(10_000, 10_000 + ns.n), sampling=sampling, progress=tick)
     import llama_spec.speculative as sp
 
