@@ -17,7 +17,7 @@ import json
 import math
 import sys
 
-from llama_spec import Model, MtpDrafter, SamplerParams, SpeculativeGenerator
+from llama_spec import Model, MtpDrafter, SamplerParams, SpecStats, SpeculativeGenerator
 from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
 
 
@@ -32,12 +32,12 @@ def main() -> int:
     m = Model(synthetic_mtp_path(sigma=ns.sigma, seed=0), load_mtp=True, repack=False)
     gen = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=4096), n_ctx=4096, n_max=ns.n_max)
     gen.record_pq = True
-    total = None
+    total = SpecStats()
     seed = 0
-    while total is None or min(total.reached[: ns.n_max]) < ns.visits:
+    while min(total.reached[: ns.n_max]) < ns.visits:
         r = gen.generate("Once upon a time", sampling=SamplerParams(temp=ns.temp), seed=seed, n_predict=1000,
                          n_max=ns.n_max, ignore_eos=True)
-        total = r.stats if total is None else total.__iadd__(r.stats)
+        total += r.stats
         seed += 1
         print(f"visits {total.reached[: ns.n_max]}", file=sys.stderr)
     rows, ok = [], True

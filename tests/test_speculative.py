@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 
 from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator
-from llama_spec.speculative import ENV_DRAFT_SAMPLE
+from llama_spec.speculative import ENV_DRAFT_SAMPLE, SpecStats
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.\n",
@@ -144,14 +144,10 @@ def test_rejection_rule_accepts_more_than_exact_match(pair, temp):
     the rejection rule must accept more at each temperature."""
     spec, _ = pair
     spec.record_pq = True
-    total = None
+    total = SpecStats()
     try:
         for prompt in PROMPTS:
-            r = spec.generate(prompt, sampling=SamplerParams(temp=temp), seed=1, n_predict=64, ignore_eos=True)
-            if total is None:
-                total = r.stats
-            else:
-                total += r.stats
+            total += spec.generate(prompt, sampling=SamplerParams(temp=temp), seed=1, n_predict=64, ignore_eos=True).stats
     finally:
         spec.record_pq = False
     visits = sum(total.reached)
@@ -174,14 +170,10 @@ def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
     spec = mtp_sigma_pair
     spec.record_pq = True
     s = SamplerParams(temp=0.8, top_k=40)
-    total = None
+    total = SpecStats()
     try:
         for seed in range(6):
-            r = spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=200, ignore_eos=True)
-            if total is None:
-                total = r.stats
-            else:
-                total += r.stats
+            total += spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=200, ignore_eos=True).stats
     finally:
         spec.record_pq = False
     for i in range(3):
