@@ -88,7 +88,16 @@ class Context:
         self.n_batch = int(lib.llama_n_batch(ptr))
         self.n_rs_seq = int(lib.llama_n_rs_seq(ptr))
         self.n_seq_max = int(lib.llama_n_seq_max(ptr))
+        self.n_ubatch = int(lib.llama_n_ubatch(ptr))
         self.n_threads = int(p.n_threads)
+        if self.n_rs_seq > 0 and (model.is_recurrent or model.is_hybrid) and self.n_ubatch <= self.n_rs_seq + 1:
+            # llama.cpp keeps the last n_rs_seq + 1 tokens of a sequence in one ubatch and
+            # aborts the process on the first decode otherwise: refuse here instead.
+            self.close()
+            raise ValueError(
+                f"n_rs_seq={self.n_rs_seq} needs n_ubatch > {self.n_rs_seq + 1}, but n_ubatch is {self.n_ubatch} "
+                f"(n_ctx={self.n_ctx}, n_batch={n_batch}): raise n_ctx/n_batch or lower n_rs_seq"
+            )
         self.n_vocab = model.n_vocab
         self.n_embd = model.n_embd_out
         self._batch = lib.llama_batch_ext_init(ptr)

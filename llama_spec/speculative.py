@@ -151,8 +151,11 @@ class SpeculativeGenerator:
                 f"draft vocabulary ({drafter.vocab_size} tokens) differs from the target's ({target.n_vocab})"
             )
         _check_n_max(n_max)
-        # Rolling back rejected drafts on recurrent/hybrid models restores state snapshots.
-        n_rs = (N_MAX_LIMIT + 1) if (target.is_recurrent or target.is_hybrid) else 0
+        self.n_max = int(n_max)
+        # Rolling back rejected drafts on recurrent/hybrid models restores state snapshots: one
+        # per draft position (each can be large on big hybrid models), so size them by n_max.
+        self.recurrent = bool(target.is_recurrent or target.is_hybrid)
+        n_rs = self.n_max if self.recurrent else 0
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs)
         if isinstance(drafter, MtpDrafter):
             drafter.prepare_target(self.ctx)
@@ -181,7 +184,7 @@ class SpeculativeGenerator:
         n_predict: int = 128,
         seed: int | None = None,
         spec_draft_sample: bool | None = None,
-        n_max: int = 3,
+        n_max: int | None = None,
         p_min: float = 0.0,
         stop: Sequence[str] = (),
         reasoning_budget: ReasoningBudget | None = None,
@@ -194,7 +197,13 @@ class SpeculativeGenerator:
             sampling = sampling.replace(seed=int(seed) & 0xFFFFFFFF)
         if spec_draft_sample is None:
             spec_draft_sample = env_flag(ENV_DRAFT_SAMPLE, True)
+        n_max = self.n_max if n_max is None else int(n_max)
         _check_n_max(n_max)
+        if self.recurrent and n_max > self.ctx.n_rs_seq:
+            raise ValueError(
+                f"n_max={n_max} exceeds the n_max={self.ctx.n_rs_seq} this generator was built with: a "
+                "recurrent/hybrid target keeps one state snapshot per draft position (build it with a larger n_max)"
+            )
         if not 0.0 <= p_min <= 1.0:
             raise ValueError(f"p_min must be in [0, 1], got {p_min}")
         if n_predict <= 0:
@@ -269,6 +278,10 @@ class SpeculativeGenerator:
             return TokenEvent(tok, piece, was_draft)
 
         # The first token after the prompt is the target's own sample (nothing to verify).
+        pq_log = self.pq_log = [] if self.record_pq else None
+        if pq_log is not None:
+            ids, probs = sampler.candidates(row)
+            pq_log.append((0, ids.copy(), probs.copy(), None, None))
         tok = sampler.sample(row)
         sampler.accept(tok)
         yield emit(tok, False)
@@ -309,8 +322,9 @@ class SpeculativeGenerator:
                 stats.reached[i] += 1
                 if use_rejection:
                     ids, probs, sampled = sampler.candidates_and_sample(row)
-                    if self.record_pq:
+                    if pq_log is not None:
                         qi, qp = prop.q_ids[i], prop.q_probs[i]
+                        pq_log.append((len(emitted), ids.copy(), probs.copy(), qi, qp))
                         stats.expected_accept[i] += _sum_min(ids, probs, qi, qp, self.scratch)
                         stats.expected_accept_exact[i] += float(probs[ids == qi[np.argmax(qp)]].sum())
                     if _accept.p_is_normalized(probs) and _accept.p_is_normalized(prop.q_probs[i]):
@@ -357,7 +371,11 @@ class SpeculativeGenerator:
         if result is not None:
             result.append(res)
 
-    record_pq = False  # tests set it to log sum min(p, q) per position
+    # Tests and scripts set record_pq to log sum min(p, q) per position into the stats, and
+    # (emitted index, p ids, p probs, q ids, q probs) of the last request into pq_log (the first
+    # token's entry has q None).
+    record_pq = False
+    pq_log: list | None = None
     on_verify = None   # optional callback(pos0, batch_tokens, logits_view) after each target batch
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:

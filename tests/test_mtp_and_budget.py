@@ -77,6 +77,16 @@ def test_hybrid_rollback_without_snapshots_is_refused(mtp_model):
     ctx.close()
 
 
+def test_hybrid_context_too_small_for_its_snapshots_is_refused(mtp_model):
+    # llama.cpp keeps the last n_rs_seq + 1 tokens in one ubatch and would abort the process on
+    # the first decode; the binding refuses at construction with the numbers instead.
+    with pytest.raises(ValueError, match=r"n_rs_seq=8 needs n_ubatch > 9, but n_ubatch is 8"):
+        Context(mtp_model, n_ctx=256, n_batch=8, n_rs_seq=8)
+    ctx = Context(mtp_model, n_ctx=256, n_batch=10, n_rs_seq=8)  # 10 > 9: fine
+    ctx.prefill(mtp_model.tokenize("Hello there my friend, how are you doing today?"))
+    ctx.close()
+
+
 @pytest.fixture(scope="module")
 def think_model():
     from llama_spec.testing.synthetic_mtp import synthetic_mtp_path

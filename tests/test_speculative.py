@@ -196,6 +196,14 @@ def mtp_sigma_pair():
     m.close()
 
 
+def test_recurrent_target_refuses_n_max_above_its_snapshots(mtp_sigma_pair):
+    spec = mtp_sigma_pair  # built with n_max=3: 3 state snapshots
+    assert spec.ctx.n_rs_seq == 3
+    with pytest.raises(ValueError, match=r"n_max=4 exceeds the n_max=3"):
+        spec.generate("Once upon a time", n_max=4, n_predict=8)
+    assert spec.generate("Once upon a time", n_max=3, n_predict=8, seed=1).stats.drafted > 0
+
+
 # -- invariant 7: rejected drafts leave no trace (hybrid recurrent model) ---------------------------
 def test_rollback_next_verification_sees_only_accepted_prefix(mtp_sigma_pair):
     """After a rejection, the next verification's logits equal those of a fresh context fed

@@ -1,10 +1,15 @@
 """End-to-end distribution check: the rejection rule's emitted tokens vs plain sampling.
 
 Used by tests/test_distribution.py (small N, still able to fail) and scripts/dist_check.py
-(full N). For each seed, a request emits a few tokens; tokens 2 and 3 (the first ones the
-verifier decides) form one joint sample. The two arms' joint histograms are compared with a
-chi-square test of homogeneity over the pooled top cells (cells with a pooled count < 10 are
-merged into one "other" cell so every expected count is comfortably above 5).
+(full N). For each seed, a request emits a few tokens; the first two (t0, the target's own
+sample after the prompt, and t1, the first token the verifier decides) form one joint sample.
+The two arms' joint histograms are compared with a chi-square test of homogeneity over the pooled
+top cells (cells with a pooled count < 10 are merged into one "other" cell so every expected
+count is comfortably above 5).
+
+`FirstTwoLaws` rebuilds the exact law of (t0, t1) from the p and q the generator logs
+(``record_pq``), under the correct rule and under the broken one, so a test can state the power
+its N gives against the broken rule instead of hoping for it.
 """
 
 from __future__ import annotations
@@ -16,15 +21,88 @@ import numpy as np
 from scipy import stats
 
 
+class FirstTwoLaws:
+    """Exact laws of (t0, t1) under plain sampling and under `broken_accept_step`.
+
+    p0 is logged at the first token; p1 and q1 are logged at t1's verification, once per t0 seen
+    (the models are deterministic, so they depend on t0 only). Mass of t0 values never seen is
+    left out of both laws alike (it lands in the "other" cell with zero difference), so the
+    power computed from them is a lower bound.
+    """
+
+    def __init__(self) -> None:
+        self.p0: dict[int, float] = {}
+        self.cond: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
+
+    def observe(self, gen, tokens: list[int]) -> None:
+        log = gen.pq_log or []
+        first = [e for e in log if e[0] == 0]
+        if first and not self.p0:
+            _, ids, probs, _, _ = first[0]
+            self.p0 = dict(zip(ids.tolist(), probs.tolist(), strict=True))
+        t0 = int(tokens[0])
+        for idx, ids, probs, q_ids, q_probs in log:
+            if idx == 1 and q_ids is not None and t0 not in self.cond:
+                q = dict(zip(q_ids.tolist(), q_probs.tolist(), strict=True))
+                m = np.array([min(pp, q.get(i, 0.0)) for i, pp in zip(ids.tolist(), probs.tolist(), strict=True)])
+                self.cond[t0] = (ids.copy(), probs.astype(np.float64), m)
+
+    def plain_and_broken(self) -> tuple[dict, dict]:
+        plain: dict = {}
+        broken: dict = {}
+        for t0, (ids, p1, m) in self.cond.items():
+            w = self.p0.get(t0, 0.0)
+            b1 = m + (1.0 - m.sum()) * p1  # accept min(1, p/q), recover from p: the broken law
+            for i, pp, bb in zip(ids.tolist(), p1.tolist(), b1.tolist(), strict=True):
+                plain[(t0, i)] = w * pp
+                broken[(t0, i)] = w * bb
+        return plain, broken
+
+    def acceptance(self) -> float:
+        """P(t1's draft is accepted) = E_t0 sum min(p1, q1), over the t0 seen."""
+        seen = sum(self.p0.get(t, 0.0) for t in self.cond)
+        return sum(self.p0.get(t, 0.0) * float(m.sum()) for t, (_, _, m) in self.cond.items()) / max(seen, 1e-12)
+
+
+def broken_rule_power(laws: FirstTwoLaws, n: int, alpha: float, min_pooled: int = 10) -> tuple[float, float, int]:
+    """(power, noncentrality, cells) of the two-sample chi-square test at level `alpha` with n
+    samples per arm, plain vs broken rule, cells merged as `homogeneity_pvalue` merges them.
+
+    Uses the standard noncentral chi-square approximation: lambda = n/2 * sum (b - p)^2 / pooled.
+    """
+    plain, broken = laws.plain_and_broken()
+    cells = [c for c in plain if (plain[c] + broken[c]) * n >= min_pooled]
+    p = np.array([plain[c] for c in cells] + [max(1.0 - sum(plain[c] for c in cells), 0.0)])
+    b = np.array([broken[c] for c in cells] + [max(1.0 - sum(broken[c] for c in cells), 0.0)])
+    pooled = np.maximum((p + b) / 2, 1e-300)
+    lam = n / 2 * float(np.sum((b - p) ** 2 / pooled))
+    df = len(p) - 1
+    if df < 1:
+        return 0.0, lam, len(p)
+    crit = stats.chi2.isf(alpha, df)
+    return float(stats.ncx2.sf(crit, df, lam)), lam, len(p)
+
+
 def joint_samples(gen, prompt, seeds: Iterable[int], *, sampling, spec_draft_sample: bool | None = True,
-                  n_predict: int = 5, progress: Callable[[int], None] | None = None) -> Counter:
+                  n_predict: int = 3, progress: Callable[[int], None] | None = None,
+                  laws: FirstTwoLaws | None = None) -> Counter:
+    """Histogram of (t0, t1) over `seeds`. n_predict >= 3 lets the drafter propose for t1
+    (a request keeps room for the bonus token). With `laws`, p and q are logged and collected."""
     out: Counter = Counter()
-    for i, seed in enumerate(seeds):
-        r = gen.generate(prompt, sampling=sampling, seed=seed, n_predict=n_predict,
-                         spec_draft_sample=spec_draft_sample, ignore_eos=True)
-        out[(r.tokens[1], r.tokens[2])] += 1
-        if progress is not None:
-            progress(i)
+    if laws is not None:
+        gen.record_pq = True
+    try:
+        for i, seed in enumerate(seeds):
+            r = gen.generate(prompt, sampling=sampling, seed=seed, n_predict=n_predict,
+                             spec_draft_sample=spec_draft_sample, ignore_eos=True)
+            out[(r.tokens[0], r.tokens[1])] += 1
+            if laws is not None:
+                laws.observe(gen, r.tokens)
+            if progress is not None:
+                progress(i)
+    finally:
+        if laws is not None:
+            gen.record_pq = False
     return out
 
 
