@@ -89,16 +89,53 @@ int32_t lsp_candidates_probs(llama_token_data_array * cur, int32_t * ids, float 
     return (int32_t) n;
 }
 
+// "a ranks before b": larger logit first, the lower id first among equal logits.
+static inline bool ranks_before(const llama_token_data & a, const llama_token_data & b) {
+    return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
+}
+
+// The k best entries of a logits row, best first, in one pass: out[0..k) is a heap whose root
+// is the worst entry kept, so almost every logit costs one comparison. O(n_vocab + k log k).
+static void select_top_k(const float * logits, int32_t n_vocab, int32_t k, llama_token_data * out) {
+    for (int32_t i = 0; i < k; ++i) {
+        out[i] = { i, logits[i], 0.0f };
+    }
+    std::make_heap(out, out + k, ranks_before);
+    for (int32_t i = k; i < n_vocab; ++i) {
+        // ids grow, so an equal logit never displaces the (lower-id) entry kept
+        if (logits[i] > out[0].logit) {
+            std::pop_heap(out, out + k, ranks_before);
+            out[k - 1] = { i, logits[i], 0.0f };
+            std::push_heap(out, out + k, ranks_before);
+        }
+    }
+    std::sort_heap(out, out + k, ranks_before);
+}
+
+int32_t lsp_candidates_init_top_k(const float * logits, int32_t n_vocab, int32_t k,
+                                  llama_token_data * buf, llama_token_data_array * cur) {
+    if (k <= 0 || k >= n_vocab) {
+        lsp_candidates_init(logits, n_vocab, buf, cur);
+        return n_vocab;
+    }
+    select_top_k(logits, n_vocab, k, buf);
+    cur->data     = buf;
+    cur->size     = (size_t) k;
+    cur->selected = -1;
+    cur->sorted   = true;
+    return k;
+}
+
 int32_t lsp_top_n(const float * logits, int32_t n_vocab, int32_t n, int32_t * ids, float * vals) {
     n = std::max(0, std::min(n, n_vocab));
-    std::vector<int32_t> idx(n_vocab);
-    std::iota(idx.begin(), idx.end(), 0);
-    std::partial_sort(idx.begin(), idx.begin() + n, idx.end(), [logits](int32_t a, int32_t b) {
-        return logits[a] > logits[b] || (logits[a] == logits[b] && a < b);
-    });
+    if (n == 0) {
+        return 0;
+    }
+    std::vector<llama_token_data> top((size_t) n);
+    select_top_k(logits, n_vocab, n, top.data());
     for (int32_t i = 0; i < n; ++i) {
-        ids[i]  = idx[i];
-        vals[i] = logits[idx[i]];
+        ids[i]  = top[i].id;
+        vals[i] = top[i].logit;
     }
     return n;
 }

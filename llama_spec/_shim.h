@@ -44,13 +44,22 @@ int32_t lsp_process(struct llama_context * ctx, struct llama_batch_ext * batch,
 void lsp_candidates_init(const float * logits, int32_t n_vocab,
                          llama_token_data * buf, llama_token_data_array * cur);
 
+/* The same array already cut to the k largest logits (what llama.cpp's top-k sampler would
+ * leave), sorted by logit descending with ties broken by the lower id, sorted = true; one pass
+ * over the row, no full-vocabulary write. Only valid when every sampler before top-k in the
+ * chain is absent (logit bias, penalties, DRY, top-n-sigma, grammar, budget can all move a
+ * token across the k-th place). k <= 0 or k >= n_vocab: same as lsp_candidates_init.
+ * Returns the array's size. */
+int32_t lsp_candidates_init_top_k(const float * logits, int32_t n_vocab, int32_t k,
+                                  llama_token_data * buf, llama_token_data_array * cur);
+
 /* Softmax over cur->data[0..size) (the chain already applied temperature), writing each
  * entry's p and copying (id, p) out to ids/probs in the array's order. Returns size.
  * Entries with logit == -INFINITY get p = 0. Double accumulation: p sums to 1 within 1e-6. */
 int32_t lsp_candidates_probs(llama_token_data_array * cur, int32_t * ids, float * probs);
 
 /* Top-n entries of a logits row by logit, descending (ties by id): ids and logits out.
- * Used by the draft statistics; O(n_vocab log n). Returns n (<= n_vocab). */
+ * Used by the draft statistics; one pass, O(n_vocab + n log n). Returns n (<= n_vocab). */
 int32_t lsp_top_n(const float * logits, int32_t n_vocab, int32_t n, int32_t * ids, float * vals);
 
 /* ---- reasoning budget (common/reasoning-budget.h) ----

@@ -144,6 +144,16 @@ class ReasoningBudget:
         return ReasoningBudget._wrap(self.model, lib.llama_sampler_clone(self._ptr), self.budget)
 
 
+def _penalties_on(params: SamplerParams) -> bool:
+    return params.penalty_last_n != 0 and (
+        params.penalty_repeat != 1.0 or params.penalty_freq != 0.0 or params.penalty_present != 0.0)
+
+
+def _edits_logits(params: SamplerParams) -> bool:
+    """Does the chain change logits before its first cut (logit bias, penalties, DRY)?"""
+    return bool(params.logit_bias) or _penalties_on(params) or params.dry_multiplier > 0
+
+
 def _chain(params: SamplerParams, model: Model, *, with_dist: bool):
     """Build llama.cpp's sampler chain for `params` (common/sampling.cpp's default order)."""
     cp = lib.llama_sampler_chain_default_params()
@@ -156,7 +166,7 @@ def _chain(params: SamplerParams, model: Model, *, with_dist: bool):
         arr = ffi.new("llama_logit_bias[]", [(int(t), float(b)) for t, b in params.logit_bias])
         keep.append(arr)
         add(lib.llama_sampler_init_logit_bias(n_vocab, len(params.logit_bias), arr))
-    if params.penalty_last_n != 0 and (params.penalty_repeat != 1.0 or params.penalty_freq != 0.0 or params.penalty_present != 0.0):
+    if _penalties_on(params):
         add(lib.llama_sampler_init_penalties(n_vocab, params.penalty_last_n, params.penalty_repeat,
                                              params.penalty_freq, params.penalty_present))
     if params.dry_multiplier > 0:
@@ -220,6 +230,13 @@ class TargetSampler:
                              if _clone_from._grammar != ffi.NULL else ffi.NULL)
         self._n_chain = lib.llama_sampler_chain_n(self._chain)
         self._members = [lib.llama_sampler_chain_get(self._chain, i) for i in range(self._n_chain)]
+        plain_chain = self.budget is None and self._grammar == ffi.NULL and not _edits_logits(self.params)
+        # Fast paths that give the same p without a full-vocabulary candidate array (see
+        # _shim.h): a bare greedy chain is an argmax; a chain whose first cut is top-k can start
+        # from the k largest logits.
+        self._argmax_only = plain_chain and self.params.greedy and self._n_chain == 1
+        self._prefilter_k = (self.params.top_k if plain_chain and not self.params.greedy
+                             and self.params.top_n_sigma <= 0 and 0 < self.params.top_k < self.n_vocab else 0)
         # Preallocated candidate buffers (full vocabulary) and p output arrays.
         self._buf = ffi.new("llama_token_data[]", self.n_vocab)
         self._cand = np.frombuffer(ffi.buffer(self._buf), dtype=_TOKEN_DATA)
@@ -242,10 +259,17 @@ class TargetSampler:
         return TargetSampler(self.model, self.params, _clone_from=self)
 
     # -- the steps ----------------------------------------------------------------------------
-    def _prepare(self, logits_row: np.ndarray):
+    def _check_row(self, logits_row: np.ndarray) -> np.ndarray:
         if logits_row.dtype != np.float32 or logits_row.shape[-1] != self.n_vocab:
             raise ValueError(f"logits row must be float32 of width {self.n_vocab}")
-        row = np.ascontiguousarray(logits_row)
+        return np.ascontiguousarray(logits_row)
+
+    def _prepare(self, logits_row: np.ndarray):
+        row = self._check_row(logits_row)
+        if self._prefilter_k:
+            lib.lsp_candidates_init_top_k(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._prefilter_k,
+                                          self._buf, self._cur)
+            return self._cur
         lib.lsp_candidates_init(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._buf, self._cur)
         if self.budget is not None:
             lib.llama_sampler_apply(self.budget._ptr, self._cur)
@@ -271,8 +295,15 @@ class TargetSampler:
         n = lib.lsp_candidates_probs(cur, self._ids_p, self._probs_p)
         return self._ids[:n], self._probs[:n]
 
+    def _argmax(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        self._ids[0] = int(np.argmax(self._check_row(logits_row)))  # first index on ties, like greedy
+        self._probs[0] = 1.0
+        return self._ids[:1], self._probs[:1]
+
     def candidates(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """p after the chain, without dist: (ids, probs) views, valid until the next call."""
+        if self._argmax_only:
+            return self._argmax(logits_row)
         return self._p(self._truncate(logits_row))
 
     def candidates_and_sample(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray, int]:
@@ -281,6 +312,9 @@ class TargetSampler:
         dist is advanced exactly as ``sample`` would advance it, so the extra-acceptance counter
         can compare the draft with the target's own sample at no extra cost.
         """
+        if self._argmax_only:
+            ids, probs = self._argmax(logits_row)
+            return ids, probs, int(ids[0])
         cur = self._truncate(logits_row)
         ids, probs = self._p(cur)
         if self.greedy:
@@ -293,6 +327,8 @@ class TargetSampler:
 
     def sample(self, logits_row: np.ndarray) -> int:
         """Draw a token the plain way: the same steps, then llama.cpp's dist (or greedy)."""
+        if self._argmax_only:
+            return int(np.argmax(self._check_row(logits_row)))
         cur = self._prepare(logits_row)
         lib.llama_sampler_apply(self._chain, cur)
         sel = cur.selected

@@ -11,6 +11,7 @@ int32_t lsp_process(struct llama_context * ctx, struct llama_batch_ext * batch,
                     const int32_t * tokens, const int32_t * pos, int32_t n, int32_t seq_id,
                     const int8_t * outputs, const float * embd, int32_t n_embd);
 void    lsp_candidates_init(const float * logits, int32_t n_vocab, llama_token_data * buf, llama_token_data_array * cur);
+int32_t lsp_candidates_init_top_k(const float * logits, int32_t n_vocab, int32_t k, llama_token_data * buf, llama_token_data_array * cur);
 int32_t lsp_candidates_probs(llama_token_data_array * cur, int32_t * ids, float * probs);
 int32_t lsp_top_n(const float * logits, int32_t n_vocab, int32_t n, int32_t * ids, float * vals);
 

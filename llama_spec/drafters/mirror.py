@@ -74,7 +74,6 @@ class MirrorSampler:
     def sample(self, logits_row: np.ndarray, *, topk: int = 0):
         """Return (token, q_ids, q_probs, top_ids, top_probs); arrays are fresh copies."""
         row = np.ascontiguousarray(logits_row, dtype=np.float32)
-        lib.lsp_candidates_init(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._buf, self._cur)
         if self.params.greedy:
             j = int(np.argmax(row))
             ids = np.array([j], dtype=np.int32)
@@ -87,6 +86,10 @@ class MirrorSampler:
                 z = np.exp(row - row.max())
                 top_ids, top_p = order.astype(np.int32), (z[order] / z.sum()).astype(np.float32)
             return j, ids, probs, top_ids, top_p
+        # top-k is the chain's first cut unless top-n-sigma runs (it needs the whole row):
+        # start from the k largest logits instead of the full vocabulary (see _shim.h).
+        k = self.params.top_k if self.params.top_n_sigma <= 0 else 0
+        lib.lsp_candidates_init_top_k(ffi.cast("float *", row.ctypes.data), self.n_vocab, k, self._buf, self._cur)
         lib.llama_sampler_apply(self._chain, self._cur)
         n = lib.lsp_candidates_probs(self._cur, self._ids_p, self._probs_p)
         ids = self._ids[:n].copy()
