@@ -93,23 +93,29 @@ class MtpDrafter(Drafter):
         prop = Proposal()
         if self.collect_topk:
             prop.topk_ids, prop.topk_probs = [], []
+        # The old rule with no p_min and no statistics needs neither q nor the mirror: argmax.
+        fast_argmax = not self.sample_drafts and p_min <= 0 and not self.collect_topk
         pos = len(history) - 1
         tok = history[-1]
         self._step_h[0] = self.pending_h
         for i in range(n_max):
             row = self.ctx.decode([tok], [pos + i], 0, "last", embd=self._step_h)[0]
             h_row = self.ctx.nextn_rows(1)
-            tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(row, topk=TOPK_WIDTH if self.collect_topk else 0)
-            if not self.sample_drafts:
+            if fast_argmax:
                 tok = int(np.argmax(row))
-            if q_probs.max() < p_min:
-                break
-            prop.tokens.append(tok)
-            prop.q_ids.append(q_ids)
-            prop.q_probs.append(q_probs)
-            if self.collect_topk:
-                prop.topk_ids.append(top_ids)
-                prop.topk_probs.append(top_p)
+                prop.tokens.append(tok)
+            else:
+                tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(row, topk=TOPK_WIDTH if self.collect_topk else 0)
+                if not self.sample_drafts:
+                    tok = int(np.argmax(row))  # the old rule: argmax draft, no q
+                if q_probs.max() < p_min:
+                    break
+                prop.tokens.append(tok)
+                prop.q_ids.append(q_ids)
+                prop.q_probs.append(q_probs)
+                if self.collect_topk:
+                    prop.topk_ids.append(top_ids)
+                    prop.topk_probs.append(top_p)
             self._step_h[0] = h_row[0]
         if not self.sample_drafts:
             prop.q_ids = prop.q_probs = None
