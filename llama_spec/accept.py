@@ -248,12 +248,103 @@ def _draw(p_ids, p_probs, scratch, rng_state):
     return np.int64(p_ids[last])
 
 
+# Large supports (e.g. the full vocabulary when top-k is off) draw the recovered token by
+# rejection from p instead of two passes over the residual: propose y ~ p, keep it with
+# probability (p(y) - min(p(y), q(y))) / p(y). A kept y is distributed as the residual
+# (p - q)+ exactly; a try is kept with probability sum (p - q)+ / sum p, i.e. the rejection
+# probability of the step we are in, so expected tries stay small where rejections are
+# frequent. One pass builds per-block sums of p (in 8 independent lanes, fixed order) and each
+# try is a binary search over them plus a walk of one block. After _MAX_TRIES misses (the
+# residual is tiny) the exact two-pass draw runs on fresh uniforms: a mixture of exact draws
+# is exact.
+_LARGE_SUPPORT = 2048
+_BLOCK = 64
+_MAX_TRIES = 64
+
+
+@_inner
+def _draw_residual_by_rejection(p_ids, p_probs, scratch, rng_state):
+    """Residual draw for large supports (see above). q is dense in scratch. -1 if no try kept."""
+    n = p_ids.shape[0]
+    n_blocks = (n + _BLOCK - 1) // _BLOCK
+    cum = np.empty(n_blocks + 1)  # cum[b]: sum of p over the blocks before b
+    total = 0.0
+    for b in range(n_blocks):
+        cum[b] = total
+        i0 = b * _BLOCK
+        l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
+        if i0 + _BLOCK <= n:
+            for r in range(_BLOCK // 8):
+                i = i0 + 8 * r
+                l0 += np.float64(p_probs[i])
+                l1 += np.float64(p_probs[i + 1])
+                l2 += np.float64(p_probs[i + 2])
+                l3 += np.float64(p_probs[i + 3])
+                l4 += np.float64(p_probs[i + 4])
+                l5 += np.float64(p_probs[i + 5])
+                l6 += np.float64(p_probs[i + 6])
+                l7 += np.float64(p_probs[i + 7])
+        else:  # the last, partial block: lane i % 8 as above
+            for i in range(i0, n):
+                x = np.float64(p_probs[i])
+                lane = (i - i0) % 8
+                if lane == 0:
+                    l0 += x
+                elif lane == 1:
+                    l1 += x
+                elif lane == 2:
+                    l2 += x
+                elif lane == 3:
+                    l3 += x
+                elif lane == 4:
+                    l4 += x
+                elif lane == 5:
+                    l5 += x
+                elif lane == 6:
+                    l6 += x
+                else:
+                    l7 += x
+        total += ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+    cum[n_blocks] = total
+    if not total > 0.0:
+        return np.int64(-1)
+    for _ in range(_MAX_TRIES):
+        target = _next_uniform(rng_state) * total
+        lo, hi = 0, n_blocks - 1  # the last block b with cum[b] <= target
+        while lo < hi:
+            mid = (lo + hi + 1) // 2
+            if cum[mid] <= target:
+                lo = mid
+            else:
+                hi = mid - 1
+        c = cum[lo]
+        j = -1
+        for i in range(lo * _BLOCK, min(lo * _BLOCK + _BLOCK, n)):
+            x = np.float64(p_probs[i])
+            if x > 0.0:
+                c += x
+                j = i
+                if target < c:
+                    break
+        u = _next_uniform(rng_state)
+        if j >= 0:
+            px = np.float64(p_probs[j])
+            qx = np.float64(scratch[p_ids[j]])
+            if qx < px and u * px >= qx:  # kept with probability 1 - q/p
+                return np.int64(p_ids[j])
+    return np.int64(-1)
+
+
 @_inner
 def _draw_recovered(p_ids, p_probs, q_ids, q_probs, rng_state, scratch):
     """Draw from the residual norm((p - q)+) over p's support; from p if it sums to zero."""
     for j in range(q_ids.shape[0]):  # dense q so the residual is O(|p| + |q|)
         scratch[q_ids[j]] = q_probs[j]
-    token = _draw(p_ids, p_probs, scratch, rng_state)
+    token = np.int64(-1)
+    if p_ids.shape[0] >= _LARGE_SUPPORT:
+        token = _draw_residual_by_rejection(p_ids, p_probs, scratch, rng_state)
+    if token < 0:
+        token = _draw(p_ids, p_probs, scratch, rng_state)
     for j in range(q_ids.shape[0]):  # leave scratch all zero for the next call
         scratch[q_ids[j]] = 0.0
     if token >= 0:
@@ -632,12 +723,44 @@ def accept_step_reference(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state
     if px > 0.0 and (px >= qx or _py_next_uniform(rng_state) * qx < px):
         return int(draft_token), True
     scratch[q_ids] = q_probs
-    weights = np.maximum(p - scratch[p_ids], 0.0)
+    dense_q = scratch[p_ids].astype(np.float64)
     scratch[q_ids] = 0.0
-    token = _reference_draw(p_ids, weights, rng_state)
+    token = -1
+    if p_ids.shape[0] >= _LARGE_SUPPORT:
+        token = _reference_residual_by_rejection(p_ids, p, dense_q, rng_state)
+    if token < 0:
+        token = _reference_draw(p_ids, np.maximum(p - dense_q, 0.0), rng_state)
     if token < 0:  # residual zero by rounding: draw from p
         token = _reference_draw(p_ids, np.maximum(p, 0.0), rng_state)
     return token, False
+
+
+def _reference_residual_by_rejection(ids, p, q_at_p, rng_state):
+    n = p.shape[0]
+    n_blocks = -(-n // _BLOCK)
+    padded = np.zeros(n_blocks * _BLOCK)
+    padded[:n] = p
+    lanes = np.cumsum(padded.reshape(n_blocks, _BLOCK // 8, 8), axis=1)[:, -1, :]  # sequential per lane
+    sums = ((lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])) + (
+        (lanes[:, 4] + lanes[:, 5]) + (lanes[:, 6] + lanes[:, 7]))
+    cum = np.concatenate(([0.0], np.cumsum(sums)))
+    total = cum[-1]
+    if not total > 0.0:
+        return -1
+    for _ in range(_MAX_TRIES):
+        target = _py_next_uniform(rng_state) * total
+        b = int(np.searchsorted(cum[:n_blocks], target, side="right")) - 1
+        c, j = cum[b], -1
+        for i in range(b * _BLOCK, min(b * _BLOCK + _BLOCK, n)):
+            if p[i] > 0.0:
+                c += p[i]
+                j = i
+                if target < c:
+                    break
+        u = _py_next_uniform(rng_state)
+        if j >= 0 and q_at_p[j] < p[j] and u * p[j] >= q_at_p[j]:
+            return int(ids[j])
+    return -1
 
 
 def _reference_draw(ids, weights, rng_state):

@@ -152,6 +152,60 @@ def test_emitted_distribution_is_p(name):
     assert pvalue > P_VALUE_MIN, f"{name}: chi-square p-value {pvalue:.3g}"
 
 
+@functools.cache
+def _large_shape(name):
+    """The four shapes on a support of 3,000 tokens (of 5,000): large enough for the kernel's
+    rejection-from-p residual draw (A._LARGE_SUPPORT), still cheap for 100,000 trials."""
+    n_vocab, n = 5_000, 3_000
+    assert n >= A._LARGE_SUPPORT
+    rng = np.random.default_rng(4321)
+    p_ids = rng.choice(n_vocab, size=n, replace=False).astype(np.int32)
+    logits = rng.normal(0.0, 2.5, size=n)
+    p = _normalized_f32(_softmax(logits))
+    order = np.argsort(-p)
+    if name == "q_equals_p":
+        return p_ids, p, p_ids.copy(), p.copy()
+    if name == "q_flatter":
+        return p_ids, p, p_ids.copy(), _normalized_f32(_softmax(logits / 2.0))
+    if name == "q_topk":  # a top-64 drafter, as the mirror sampler's clamp gives
+        top = order[:64]
+        return p_ids, p, p_ids[top].copy(), _normalized_f32(p[top])
+    if name == "q_partly_outside":
+        outside = np.setdiff1d(np.arange(n_vocab), p_ids)
+        extra = rng.choice(outside, size=32, replace=False).astype(np.int32)
+        q_ids = np.concatenate([p_ids[order[:32]], extra]).astype(np.int32)
+        q_logits = np.concatenate([logits[order[:32]] / 1.5, rng.normal(0.0, 1.0, 32)])
+        return p_ids, p, q_ids, _normalized_f32(_softmax(q_logits))
+    raise KeyError(name)
+
+
+@pytest.mark.parametrize("name", SHAPES)
+def test_emitted_distribution_is_p_on_a_large_support(name):
+    """Same check through the large-support path (residual drawn by rejection from p).
+    Same per-shape threshold as above: a correct kernel fails each with probability 2.5e-5."""
+    p_ids, p, q_ids, q = _large_shape(name)
+    drafts = _draw_drafts(q_ids, q, N_TRIALS, seed=SHAPES.index(name) + 70)
+    state = A.new_rng_state(7000 + SHAPES.index(name))
+    scratch = A.new_scratch(5_000)
+    emitted = np.empty(N_TRIALS, np.int64)
+    n_rejected = 0
+    for t, d in enumerate(drafts.tolist()):
+        emitted[t], ok = A.accept_step_kernel(p_ids, p, d, q_ids, q, state, scratch)
+        n_rejected += not ok
+    assert not scratch.any()
+    if name != "q_equals_p":
+        assert n_rejected > 1_000  # the recovered path really ran
+    counts = np.bincount(emitted, minlength=5_000)
+    obs = counts[p_ids].astype(np.float64)
+    assert obs.sum() == N_TRIALS, "a token outside p's support was emitted"
+    exp = p.astype(np.float64) / p.astype(np.float64).sum() * N_TRIALS
+    small = exp < 5.0
+    obs = np.append(obs[~small], obs[small].sum())
+    exp = np.append(exp[~small], exp[small].sum())
+    pvalue = float(stats.chisquare(obs, exp).pvalue)
+    assert pvalue > P_VALUE_MIN, f"{name}: chi-square p-value {pvalue:.3g}"
+
+
 # ---------------------------------------------------------------------------------------------
 # 3. Acceptance rate = sum_y min(p(y), q(y)), well above the exact-match rate.
 
