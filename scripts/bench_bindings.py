@@ -74,6 +74,26 @@ for line in sys.stdin:
 '''
 
 
+# The same request loop over llama-spec, for --fresh-process (both sides in their own process).
+OURS_WORKER = r'''
+import json, sys, time
+from llama_spec import Model, SamplerParams, SpeculativeGenerator
+cfg = json.loads(sys.argv[1])
+model = Model(cfg["model"], n_gpu_layers=cfg["n_gpu_layers"])
+gen = SpeculativeGenerator(model, None, n_ctx=cfg["n_ctx"], n_threads=cfg["threads"])
+print(json.dumps({"ready": True, "version": "llama-spec"}), flush=True)
+for line in sys.stdin:
+    req = json.loads(line)
+    out, times = [], []
+    for ev in gen.stream(req["prompt"], sampling=SamplerParams(temp=0.0), n_predict=req["n"], ignore_eos=True,
+                         spec_draft_sample=False):
+        times.append(time.perf_counter())
+        out.append(int(ev.token))
+    tps = (len(out) - 1) / (times[-1] - times[0]) if len(out) > 1 else 0.0
+    print(json.dumps({"tps": tps, "tokens": out}), flush=True)
+'''
+
+
 def venv_python(venv: Path) -> Path:
     return venv / "bin" / "python"
 
@@ -119,19 +139,22 @@ def ensure_venv(venv: Path, *, build: bool = True) -> str:
 
 
 class LcpWorker:
-    def __init__(self, venv: Path, model: Path, threads: int, n_ctx: int, n_gpu_layers: int) -> None:
+    """A request loop in its own process: llama-cpp-python in its venv, or (ours=True) llama-spec."""
+
+    def __init__(self, venv: Path, model: Path, threads: int, n_ctx: int, n_gpu_layers: int, *,
+                 ours: bool = False) -> None:
         cfg = json.dumps({"model": str(model), "threads": threads, "n_ctx": n_ctx,
                           "n_gpu_layers": n_gpu_layers if n_gpu_layers >= 0 else -1})
-        self.p = subprocess.Popen([str(venv_python(venv)), "-c", WORKER, cfg], stdin=subprocess.PIPE,
-                                  stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        py, code = (sys.executable, OURS_WORKER) if ours else (str(venv_python(venv)), WORKER)
+        self.p = subprocess.Popen([py, "-c", code, cfg], stdin=subprocess.PIPE,
+                                  stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         hello = self._read()
         self.version = hello["version"]
 
     def _read(self) -> dict:
         line = self.p.stdout.readline()
         if not line:
-            err = self.p.stderr.read()[-3000:]
-            raise RuntimeError(f"llama-cpp-python worker died:\n{err}")
+            raise RuntimeError(f"worker died (exit {self.p.wait()})")
         return json.loads(line)
 
     def run(self, prompt: str, n: int) -> dict:
@@ -155,20 +178,36 @@ def ours_run(gen, prompt: str, n: int) -> dict:
     return {"tps": (len(toks) - 1) / (times[-1] - times[0]) if len(toks) > 1 else 0.0, "tokens": toks}
 
 
+def fresh_run(args, path: Path, text: str, *, ours: bool) -> dict:
+    """One measured request in a process of its own (warmed up on the same prompt first)."""
+    w = LcpWorker(args.venv, path, args.threads, args.n_ctx, args.n_gpu_layers, ours=ours)
+    try:
+        w.run(text, 8)
+        return w.run(text, args.n_tokens)
+    finally:
+        w.close()
+
+
 def bench_model(name: str, args, prompts) -> dict:
     from llama_spec import Model, SpeculativeGenerator
 
     path = resolve(name)
-    model = Model(path, n_gpu_layers=args.n_gpu_layers)  # repack on: llama.cpp's default, as theirs
-    gen = SpeculativeGenerator(model, None, n_ctx=args.n_ctx, n_threads=args.threads)
-    lcp = LcpWorker(args.venv, path, args.threads, args.n_ctx, args.n_gpu_layers)
-    ours_run(gen, prompts[0][2], 8)  # warm-up both
-    lcp.run(prompts[0][2], 8)
+    if args.fresh_process:
+        model = gen = lcp = None
+    else:
+        model = Model(path, n_gpu_layers=args.n_gpu_layers)  # repack on: llama.cpp's default, as theirs
+        gen = SpeculativeGenerator(model, None, n_ctx=args.n_ctx, n_threads=args.threads)
+        lcp = LcpWorker(args.venv, path, args.threads, args.n_ctx, args.n_gpu_layers)
+        ours_run(gen, prompts[0][2], 8)  # warm-up both
+        lcp.run(prompts[0][2], 8)
     per = []
     for cls, idx, text in prompts:
         rec = {"class": cls, "prompt": idx, "ours": [], "theirs": []}
         for side in ("ours", "theirs", "theirs", "ours"):
-            r = ours_run(gen, text, args.n_tokens) if side == "ours" else lcp.run(text, args.n_tokens)
+            if args.fresh_process:
+                r = fresh_run(args, path, text, ours=side == "ours")
+            else:
+                r = ours_run(gen, text, args.n_tokens) if side == "ours" else lcp.run(text, args.n_tokens)
             rec[side].append(r)
             print(f"  {path.name} {cls} #{idx} {side:6}: {r['tps']:6.2f} t/s", file=sys.stderr)
         rec["ratio"] = statistics.median(r["tps"] for r in rec["ours"]) / statistics.median(
@@ -178,10 +217,13 @@ def bench_model(name: str, args, prompts) -> dict:
             for r in rec[side]:
                 r["n_tokens"] = len(r.pop("tokens"))
         per.append(rec)
-    version = lcp.version
-    lcp.close()
-    gen.close()
-    model.close()
+    if args.fresh_process:
+        version = venv_ok(args.venv)
+    else:
+        version = lcp.version
+        lcp.close()
+        gen.close()
+        model.close()
     return {"model": path.name, "llama_cpp_python": version, "prompts": per,
             "ours_tps": summarize([r["tps"] for p in per for r in p["ours"]]),
             "theirs_tps": summarize([r["tps"] for p in per for r in p["theirs"]]),
@@ -191,7 +233,8 @@ def bench_model(name: str, args, prompts) -> dict:
 
 def markdown(res: dict) -> str:
     m, c = res["machine"], res["config"]
-    out = [f"Plain greedy decode, {c['n_tokens']} tokens, threads {c['threads']}, llama-spec vs llama-cpp-python "
+    fresh = ", a fresh process per measured request on both sides" if c.get("fresh_process") else ""
+    out = [f"Plain greedy decode, {c['n_tokens']} tokens, threads {c['threads']}{fresh}, llama-spec vs llama-cpp-python "
            f"{res['models'][0]['llama_cpp_python'] if res['models'] else '?'} (same llama.cpp commit); {m['cpu']} "
            f"({m['cores']} cores), {m['date']}; load `{m['uptime']}` → `{m.get('uptime_after', '')}`", "",
            "| model | prompts | llama-spec t/s (median [min–max]) | llama-cpp-python t/s | ours ÷ theirs (median over "
@@ -217,6 +260,9 @@ def main(argv=None) -> int:
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     ap.add_argument("--smoke", action="store_true", help="SmolLM2-135M, 1 prompt, 32 tokens")
+    ap.add_argument("--fresh-process", action="store_true",
+                    help="run every measured request in a new process on both sides (ours too), so "
+                         "per-process effects (memory placement of the weights) average out")
     args = ap.parse_args(argv)
     if args.smoke:
         args.models, args.n_prompts, args.n_tokens = ["smollm2-135m"], 1, 32
@@ -232,6 +278,7 @@ def main(argv=None) -> int:
            "wall_s": time.perf_counter() - t0, "models": models,
            "config": {"models": args.models, "n_tokens": args.n_tokens, "threads": args.threads, "n_ctx": args.n_ctx,
                       "n_prompts": len(prompts), "venv": str(args.venv),
+                      "fresh_process": bool(args.fresh_process),
                       "command": " ".join([Path(sys.executable).name, *sys.argv])}}
     md = markdown(res)
     print(md)

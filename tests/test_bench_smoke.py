@@ -152,11 +152,13 @@ LCP_VENV = Path(os.environ.get("LLAMA_SPEC_LCP_VENV", "/tmp/lcp-venv"))
 @pytest.mark.slow
 @pytest.mark.skipif(not (LCP_VENV / "bin" / "python").exists(),
                     reason=f"no llama-cpp-python venv at {LCP_VENV} (scripts/bench_bindings.py creates it, ~7 min)")
-def test_bench_bindings_smoke(tmp_path):
+@pytest.mark.parametrize("fresh", [False, True], ids=["one-process", "fresh-process"])
+def test_bench_bindings_smoke(tmp_path, fresh):
     out = tmp_path / "bind.json"
     _run([sys.executable, str(SCRIPTS / "bench_bindings.py"), "--smoke", "--no-build-venv", "--venv", str(LCP_VENV),
-          "--json", str(out)])
+          "--json", str(out), *(["--fresh-process"] if fresh else [])])
     res = json.loads(out.read_text())
+    assert res["config"]["fresh_process"] is fresh
     (m,) = res["models"]
     assert m["llama_cpp_python"] == "0.3.36"
     assert m["ours_tps"]["min"] > 0 and m["theirs_tps"]["min"] > 0 and m["ratio"]["median"] > 0
