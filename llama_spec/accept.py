@@ -284,26 +284,11 @@ def _draw_residual_by_rejection(p_ids, p_probs, scratch, rng_state):
                 l5 += np.float64(p_probs[i + 5])
                 l6 += np.float64(p_probs[i + 6])
                 l7 += np.float64(p_probs[i + 7])
-        else:  # the last, partial block: lane i % 8 as above
+        else:  # the last, partial block: the same lanes, in the same order
+            tail = np.zeros(8)
             for i in range(i0, n):
-                x = np.float64(p_probs[i])
-                lane = (i - i0) % 8
-                if lane == 0:
-                    l0 += x
-                elif lane == 1:
-                    l1 += x
-                elif lane == 2:
-                    l2 += x
-                elif lane == 3:
-                    l3 += x
-                elif lane == 4:
-                    l4 += x
-                elif lane == 5:
-                    l5 += x
-                elif lane == 6:
-                    l6 += x
-                else:
-                    l7 += x
+                tail[(i - i0) % 8] += np.float64(p_probs[i])
+            l0, l1, l2, l3, l4, l5, l6, l7 = tail[0], tail[1], tail[2], tail[3], tail[4], tail[5], tail[6], tail[7]
         total += ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
     cum[n_blocks] = total
     if not total > 0.0:

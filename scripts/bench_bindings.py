@@ -76,21 +76,17 @@ for line in sys.stdin:
 
 # The same request loop over llama-spec, for --fresh-process (both sides in their own process).
 OURS_WORKER = r'''
-import json, sys, time
-from llama_spec import Model, SamplerParams, SpeculativeGenerator
+import json, sys
+sys.path.insert(0, sys.argv[2])
+from bench_bindings import ours_run
+from llama_spec import Model, SpeculativeGenerator
 cfg = json.loads(sys.argv[1])
 model = Model(cfg["model"], n_gpu_layers=cfg["n_gpu_layers"])
 gen = SpeculativeGenerator(model, None, n_ctx=cfg["n_ctx"], n_threads=cfg["threads"])
 print(json.dumps({"ready": True, "version": "llama-spec"}), flush=True)
 for line in sys.stdin:
     req = json.loads(line)
-    out, times = [], []
-    for ev in gen.stream(req["prompt"], sampling=SamplerParams(temp=0.0), n_predict=req["n"], ignore_eos=True,
-                         spec_draft_sample=False):
-        times.append(time.perf_counter())
-        out.append(int(ev.token))
-    tps = (len(out) - 1) / (times[-1] - times[0]) if len(out) > 1 else 0.0
-    print(json.dumps({"tps": tps, "tokens": out}), flush=True)
+    print(json.dumps(ours_run(gen, req["prompt"], req["n"])), flush=True)
 '''
 
 
@@ -145,8 +141,9 @@ class LcpWorker:
                  ours: bool = False) -> None:
         cfg = json.dumps({"model": str(model), "threads": threads, "n_ctx": n_ctx,
                           "n_gpu_layers": n_gpu_layers if n_gpu_layers >= 0 else -1})
-        py, code = (sys.executable, OURS_WORKER) if ours else (str(venv_python(venv)), WORKER)
-        self.p = subprocess.Popen([py, "-c", code, cfg], stdin=subprocess.PIPE,
+        cmd = ([sys.executable, "-c", OURS_WORKER, cfg, str(Path(__file__).resolve().parent)] if ours
+               else [str(venv_python(venv)), "-c", WORKER, cfg])
+        self.p = subprocess.Popen(cmd, stdin=subprocess.PIPE,
                                   stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
         hello = self._read()
         self.version = hello["version"]
@@ -192,9 +189,7 @@ def bench_model(name: str, args, prompts) -> dict:
     from llama_spec import Model, SpeculativeGenerator
 
     path = resolve(name)
-    if args.fresh_process:
-        model = gen = lcp = None
-    else:
+    if not args.fresh_process:
         model = Model(path, n_gpu_layers=args.n_gpu_layers)  # repack on: llama.cpp's default, as theirs
         gen = SpeculativeGenerator(model, None, n_ctx=args.n_ctx, n_threads=args.threads)
         lcp = LcpWorker(args.venv, path, args.threads, args.n_ctx, args.n_gpu_layers)

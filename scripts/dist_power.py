@@ -69,9 +69,7 @@ def laws(target: Model, draft: Model, prompt: str, mass: float = 0.999):
         ids1, p1 = (a.copy() for a in ts.candidates(r1))
         drow = dctx.decode([toks[-1], t0], [n - 1, n], 0, "last")[0]
         _tok, qi, qp, _a, _b = ms.sample(drow)
-        q = dict(zip(qi.tolist(), qp.tolist(), strict=True))
-        m = np.array([min(pp, q.get(int(i), 0.0)) for i, pp in zip(ids1, p1, strict=True)])
-        laws.cond[t0] = (ids1, p1.astype(np.float64), m)
+        laws.add(t0, ids1, p1, qi, qp)
     tctx.close()
     dctx.close()
     return laws

@@ -45,26 +45,29 @@ def _base_p():
     return ids, logits, _normalized_f32(_softmax(logits))
 
 
-@functools.cache
-def _shape(name):
-    """(p_ids, p, q_ids, q) for one of the four proposal shapes."""
-    p_ids, logits, p = _base_p()
+def _make_shape(name, p_ids, logits, p, *, n_vocab, top, n_mixed, seed):
+    """(p_ids, p, q_ids, q) for one of the four proposal shapes over the base p."""
     order = np.argsort(-p)
     if name == "q_equals_p":
         return p_ids, p, p_ids.copy(), p.copy()
     if name == "q_flatter":  # the drafter at temperature 2 relative to the target
         return p_ids, p, p_ids.copy(), _normalized_f32(_softmax(logits / 2.0))
-    if name == "q_topk":  # drafter truncated to p's top 10
-        top = order[:10]
-        return p_ids, p, p_ids[top].copy(), _normalized_f32(p[top])
-    if name == "q_partly_outside":  # top 15 of p plus 15 tokens p gives probability 0
-        rng = np.random.default_rng(99)
-        outside = np.setdiff1d(np.arange(N_VOCAB), p_ids)
-        extra = rng.choice(outside, size=15, replace=False).astype(np.int32)
-        q_ids = np.concatenate([p_ids[order[:15]], extra]).astype(np.int32)
-        q_logits = np.concatenate([logits[order[:15]] / 1.5, rng.normal(0.0, 1.0, 15)])
+    if name == "q_topk":  # drafter truncated to p's top `top`
+        sel = order[:top]
+        return p_ids, p, p_ids[sel].copy(), _normalized_f32(p[sel])
+    if name == "q_partly_outside":  # top n_mixed of p plus n_mixed tokens p gives probability 0
+        rng = np.random.default_rng(seed)
+        outside = np.setdiff1d(np.arange(n_vocab), p_ids)
+        extra = rng.choice(outside, size=n_mixed, replace=False).astype(np.int32)
+        q_ids = np.concatenate([p_ids[order[:n_mixed]], extra]).astype(np.int32)
+        q_logits = np.concatenate([logits[order[:n_mixed]] / 1.5, rng.normal(0.0, 1.0, n_mixed)])
         return p_ids, p, q_ids, _normalized_f32(_softmax(q_logits))
     raise KeyError(name)
+
+
+@functools.cache
+def _shape(name):
+    return _make_shape(name, *_base_p(), n_vocab=N_VOCAB, top=10, n_mixed=15, seed=99)
 
 
 def _draw_drafts(q_ids, q, n, seed):
@@ -90,12 +93,12 @@ def _run_shape(name):
     return emitted, accepted
 
 
-def chisquare_pvalue(emitted, p_ids, p):
+def chisquare_pvalue(emitted, p_ids, p, n_vocab=N_VOCAB):
     """Chi-square goodness of fit of the emitted tokens to p. Tokens outside p's support must
     never appear (asserted: their expected count is 0). Cells with expected count < 5 are
     merged into one pooled cell (and that into the smallest other cell if still < 5), the
     usual validity condition for the chi-square approximation."""
-    counts = np.bincount(emitted, minlength=N_VOCAB)
+    counts = np.bincount(emitted, minlength=n_vocab)
     obs = counts[p_ids].astype(np.float64)
     assert obs.sum() == emitted.shape[0], "a token outside p's support was emitted"
     exp = p.astype(np.float64) / p.astype(np.float64).sum() * obs.sum()
@@ -152,31 +155,21 @@ def test_emitted_distribution_is_p(name):
     assert pvalue > P_VALUE_MIN, f"{name}: chi-square p-value {pvalue:.3g}"
 
 
+LARGE_VOCAB = 5_000
+
+
 @functools.cache
 def _large_shape(name):
     """The four shapes on a support of 3,000 tokens (of 5,000): large enough for the kernel's
-    rejection-from-p residual draw (A._LARGE_SUPPORT), still cheap for 100,000 trials."""
-    n_vocab, n = 5_000, 3_000
+    rejection-from-p residual draw (A._LARGE_SUPPORT), still cheap for 100,000 trials.
+    q_topk keeps 64 tokens, as the mirror sampler's clamp gives."""
+    n = 3_000
     assert n >= A._LARGE_SUPPORT
     rng = np.random.default_rng(4321)
-    p_ids = rng.choice(n_vocab, size=n, replace=False).astype(np.int32)
+    p_ids = rng.choice(LARGE_VOCAB, size=n, replace=False).astype(np.int32)
     logits = rng.normal(0.0, 2.5, size=n)
     p = _normalized_f32(_softmax(logits))
-    order = np.argsort(-p)
-    if name == "q_equals_p":
-        return p_ids, p, p_ids.copy(), p.copy()
-    if name == "q_flatter":
-        return p_ids, p, p_ids.copy(), _normalized_f32(_softmax(logits / 2.0))
-    if name == "q_topk":  # a top-64 drafter, as the mirror sampler's clamp gives
-        top = order[:64]
-        return p_ids, p, p_ids[top].copy(), _normalized_f32(p[top])
-    if name == "q_partly_outside":
-        outside = np.setdiff1d(np.arange(n_vocab), p_ids)
-        extra = rng.choice(outside, size=32, replace=False).astype(np.int32)
-        q_ids = np.concatenate([p_ids[order[:32]], extra]).astype(np.int32)
-        q_logits = np.concatenate([logits[order[:32]] / 1.5, rng.normal(0.0, 1.0, 32)])
-        return p_ids, p, q_ids, _normalized_f32(_softmax(q_logits))
-    raise KeyError(name)
+    return _make_shape(name, p_ids, logits, p, n_vocab=LARGE_VOCAB, top=64, n_mixed=32, seed=4322)
 
 
 @pytest.mark.parametrize("name", SHAPES)
@@ -186,7 +179,7 @@ def test_emitted_distribution_is_p_on_a_large_support(name):
     p_ids, p, q_ids, q = _large_shape(name)
     drafts = _draw_drafts(q_ids, q, N_TRIALS, seed=SHAPES.index(name) + 70)
     state = A.new_rng_state(7000 + SHAPES.index(name))
-    scratch = A.new_scratch(5_000)
+    scratch = A.new_scratch(LARGE_VOCAB)
     emitted = np.empty(N_TRIALS, np.int64)
     n_rejected = 0
     for t, d in enumerate(drafts.tolist()):
@@ -195,14 +188,7 @@ def test_emitted_distribution_is_p_on_a_large_support(name):
     assert not scratch.any()
     if name != "q_equals_p":
         assert n_rejected > 1_000  # the recovered path really ran
-    counts = np.bincount(emitted, minlength=5_000)
-    obs = counts[p_ids].astype(np.float64)
-    assert obs.sum() == N_TRIALS, "a token outside p's support was emitted"
-    exp = p.astype(np.float64) / p.astype(np.float64).sum() * N_TRIALS
-    small = exp < 5.0
-    obs = np.append(obs[~small], obs[small].sum())
-    exp = np.append(exp[~small], exp[small].sum())
-    pvalue = float(stats.chisquare(obs, exp).pvalue)
+    pvalue = chisquare_pvalue(emitted, p_ids, p, n_vocab=LARGE_VOCAB)
     assert pvalue > P_VALUE_MIN, f"{name}: chi-square p-value {pvalue:.3g}"
 
 

@@ -13,8 +13,8 @@ import numpy as np
 from ..context import Context
 from ..model import Model
 from ..sampling import SamplerParams
-from .base import TOPK_WIDTH, Drafter, Proposal
-from .mirror import MirrorSampler
+from .base import Drafter, Proposal
+from .mirror import MirrorSampler, ProposalBuilder
 
 
 class DraftModelDrafter(Drafter):
@@ -56,34 +56,16 @@ class DraftModelDrafter(Drafter):
         return row
 
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
-        prop = Proposal()
-        if self.collect_topk:
-            prop.topk_ids, prop.topk_probs = [], []
-        # The old rule with no p_min and no statistics needs neither q nor the mirror: argmax.
-        fast_argmax = not self.sample_drafts and p_min <= 0 and not self.collect_topk
+        build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min)
         row = self._sync(history)
         for i in range(n_max):
-            if fast_argmax:
-                tok = int(np.argmax(row))
-                prop.tokens.append(tok)
-            else:
-                tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(row, topk=TOPK_WIDTH if self.collect_topk else 0)
-                if not self.sample_drafts:
-                    tok = int(np.argmax(row))  # the old rule: argmax draft, no q
-                if q_probs.max() < p_min:
-                    break
-                prop.tokens.append(tok)
-                prop.q_ids.append(q_ids)
-                prop.q_probs.append(q_probs)
-                if self.collect_topk:
-                    prop.topk_ids.append(top_ids)
-                    prop.topk_probs.append(top_p)
+            tok = build.add(row)
+            if tok is None:
+                break
             if i + 1 < n_max:
                 row = self.ctx.decode([tok], [len(self._kv)], 0, "last")[0]
                 self._kv.append(tok)
-        if not self.sample_drafts:
-            prop.q_ids = prop.q_probs = None
-        return prop
+        return build.finish()
 
     def close(self) -> None:
         self.ctx.close()

@@ -14,6 +14,7 @@ import numpy as np
 
 from .._ffi import ffi, lib
 from ..sampling import _TOKEN_DATA, SamplerParams, _chain
+from .base import TOPK_WIDTH, Proposal
 
 TOP_K_MIN, TOP_K_MAX = 2, 64
 
@@ -105,3 +106,47 @@ class MirrorSampler:
             order = np.argsort(-probs, kind="stable")[:topk]
             top_ids, top_p = ids[order], probs[order]
         return int(ids[j]), ids, probs, top_ids, top_p
+
+
+class ProposalBuilder:
+    """Builds one proposal from the drafter's logits rows, one row per draft position.
+
+    Shared by the model drafters (draft-simple, draft-mtp): with ``sample`` the token is drawn
+    from the mirror and q recorded; without it the token is the argmax and the proposal has no
+    q (the exact-match rule). The old rule with no p_min and no statistics skips the mirror.
+    """
+
+    def __init__(self, mirror: MirrorSampler, *, sample: bool, collect_topk: bool, p_min: float) -> None:
+        self.mirror = mirror
+        self.sample = sample
+        self.collect_topk = collect_topk
+        self.p_min = p_min
+        self.argmax_only = not sample and p_min <= 0 and not collect_topk
+        self.prop = Proposal()
+        if collect_topk:
+            self.prop.topk_ids, self.prop.topk_probs = [], []
+
+    def add(self, row: np.ndarray) -> int | None:
+        """Propose a token from `row`; None when its top probability is below p_min (stop)."""
+        prop = self.prop
+        if self.argmax_only:
+            tok = int(np.argmax(row))
+            prop.tokens.append(tok)
+            return tok
+        tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(row, topk=TOPK_WIDTH if self.collect_topk else 0)
+        if not self.sample:
+            tok = int(np.argmax(row))  # the old rule: argmax draft, no q
+        if q_probs.max() < self.p_min:
+            return None
+        prop.tokens.append(tok)
+        prop.q_ids.append(q_ids)
+        prop.q_probs.append(q_probs)
+        if self.collect_topk:
+            prop.topk_ids.append(top_ids)
+            prop.topk_probs.append(top_p)
+        return tok
+
+    def finish(self) -> Proposal:
+        if not self.sample:
+            self.prop.q_ids = self.prop.q_probs = None
+        return self.prop

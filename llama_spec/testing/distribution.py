@@ -43,9 +43,13 @@ class FirstTwoLaws:
         t0 = int(tokens[0])
         for idx, ids, probs, q_ids, q_probs in log:
             if idx == 1 and q_ids is not None and t0 not in self.cond:
-                q = dict(zip(q_ids.tolist(), q_probs.tolist(), strict=True))
-                m = np.array([min(pp, q.get(i, 0.0)) for i, pp in zip(ids.tolist(), probs.tolist(), strict=True)])
-                self.cond[t0] = (ids.copy(), probs.astype(np.float64), m)
+                self.add(t0, ids, probs, q_ids, q_probs)
+
+    def add(self, t0: int, ids, probs, q_ids, q_probs) -> None:
+        """Record p1 and q1 (the laws of t1's target and draft) after first token t0."""
+        q = dict(zip(q_ids.tolist(), q_probs.tolist(), strict=True))
+        m = np.array([min(pp, q.get(i, 0.0)) for i, pp in zip(ids.tolist(), probs.tolist(), strict=True)])
+        self.cond[int(t0)] = (np.array(ids), np.asarray(probs, dtype=np.float64), m)
 
     def plain_and_broken(self) -> tuple[dict, dict]:
         plain: dict = {}
