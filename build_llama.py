@@ -2,8 +2,9 @@
 
 Three steps, each usable on its own (``python build_llama.py --help``):
 
-1. **source** - unpack the pinned llama.cpp tree into ``vendor/llama.cpp/`` from the
-   ``llama-cpp-python==0.3.36`` sdist on PyPI (sha256 checked), or use ``LLAMA_CPP_DIR``.
+1. **source** - unpack the pinned llama.cpp tree from the ``llama-cpp-python==0.3.36`` sdist on
+   PyPI (sha256 checked) once into the cache (``<cache>/src/<sha256[:16]>/llama.cpp``), or use
+   ``LLAMA_CPP_DIR``. Keyed by content, so every clone and sdist install shares one build.
 2. **cmake** - configure and build only the libraries the package needs (libllama, ggml with
    its CPU/CUDA/HIP and RPC backends, llama-common for the reasoning budget, and the RPC server)
    in a cached build folder keyed by source, backend and flags, so a second install reuses it.
@@ -36,7 +37,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
 PKG = ROOT / "llama_spec"
-VENDOR = ROOT / "vendor" / "llama.cpp"
 
 SDIST_PROJECT = "llama-cpp-python"
 SDIST_VERSION = "0.3.36"
@@ -119,6 +119,12 @@ def _skip_member(rel: str) -> bool:
     return rel.endswith(".gguf") or rel.startswith(("docs/", "media/"))
 
 
+def pinned_source_dir() -> Path:
+    """Where the pinned tree is unpacked: inside the cache, keyed by the sdist's sha256, so every
+    clone and every sdist install on this machine shares one source folder and one build."""
+    return cache_root().parent / "src" / SDIST_SHA256[:16] / "llama.cpp"
+
+
 def llama_source() -> tuple[Path, str]:
     """Return (source dir, source id). The id keys the build cache."""
     user = os.environ.get("LLAMA_CPP_DIR")
@@ -127,14 +133,17 @@ def llama_source() -> tuple[Path, str]:
         if not (src / "CMakeLists.txt").exists() or not (src / "include" / "llama.h").exists():
             raise BuildError(f"LLAMA_CPP_DIR={src} is not a llama.cpp tree (no CMakeLists.txt/include/llama.h)")
         return src, f"user:{src}"
-    marker = VENDOR / ".llama-spec-source"
+    dest = pinned_source_dir()
+    marker = dest / ".llama-spec-source"
     if marker.exists() and marker.read_text().strip() == SDIST_SHA256:
-        return VENDOR, f"sdist:{SDIST_SHA256}"
+        return dest, f"sdist:{SDIST_SHA256}"
     sdist = fetch_sdist()
-    log(f"unpacking llama.cpp {LLAMA_CPP_COMMIT} into {VENDOR}")
-    if VENDOR.exists():
-        shutil.rmtree(VENDOR)
-    VENDOR.mkdir(parents=True)
+    log(f"unpacking llama.cpp {LLAMA_CPP_COMMIT} into {dest}")
+    # Unpack next to the destination and rename, so an interrupted unpack never looks complete.
+    tmp = dest.with_name(dest.name + ".part")
+    if tmp.exists():
+        shutil.rmtree(tmp)
+    tmp.mkdir(parents=True)
     with tarfile.open(sdist) as tar:
         for m in tar.getmembers():
             if not m.name.startswith(SDIST_PREFIX):
@@ -143,9 +152,12 @@ def llama_source() -> tuple[Path, str]:
             if not rel or _skip_member(rel):
                 continue
             m.name = rel
-            tar.extract(m, VENDOR, filter="data")
-    marker.write_text(SDIST_SHA256 + "\n")
-    return VENDOR, f"sdist:{SDIST_SHA256}"
+            tar.extract(m, tmp, filter="data")
+    (tmp / ".llama-spec-source").write_text(SDIST_SHA256 + "\n")
+    if dest.exists():
+        shutil.rmtree(dest)
+    tmp.rename(dest)
+    return dest, f"sdist:{SDIST_SHA256}"
 
 
 # ---------------------------------------------------------------------------------------------
