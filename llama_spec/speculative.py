@@ -21,7 +21,6 @@ randomness.
 from __future__ import annotations
 
 import codecs
-import os
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
@@ -32,25 +31,13 @@ from . import accept as _accept
 from .context import Context
 from .drafters.base import Drafter, Proposal
 from .drafters.mtp import MtpDrafter
+from .env import env_flag
 from .model import Model
 from .sampling import ReasoningBudget, SamplerParams, TargetSampler
 
 N_MAX_LIMIT = 64
 ENV_DRAFT_SAMPLE = "LLAMA_ARG_SPEC_DRAFT_SAMPLE"
 _ACCEPT_SEED_SALT = 0x5EC0_DEC0  # the accept RNG is seeded apart from llama.cpp's dist RNG
-
-
-def env_flag(name: str, default: bool) -> bool:
-    """Read a 0/1 environment switch; anything else is an error naming the variable."""
-    raw = os.environ.get(name)
-    if raw is None or raw.strip() == "":
-        return default
-    v = raw.strip().lower()
-    if v in ("1", "true", "on", "yes"):
-        return True
-    if v in ("0", "false", "off", "no"):
-        return False
-    raise ValueError(f"environment variable {name}={raw!r}: expected 0 or 1")
 
 
 @dataclass
