@@ -30,7 +30,6 @@ import numpy as np
 from . import accept as _accept
 from .context import Context
 from .drafters.base import Drafter, Proposal
-from .drafters.mtp import MtpDrafter
 from .env import env_flag
 from .model import Model
 from .sampling import ReasoningBudget, SamplerParams, TargetSampler
@@ -133,7 +132,7 @@ class SpeculativeGenerator:
                  n_batch: int = 512, n_threads: int | None = None, n_max: int = 3) -> None:
         self.model = target
         self.drafter = drafter
-        if drafter is not None and drafter.vocab_size != target.n_vocab:
+        if drafter is not None and drafter.vocab_size and drafter.vocab_size != target.n_vocab:
             raise ValueError(
                 f"draft vocabulary ({drafter.vocab_size} tokens) differs from the target's ({target.n_vocab})"
             )
@@ -144,7 +143,7 @@ class SpeculativeGenerator:
         self.recurrent = bool(target.is_recurrent or target.is_hybrid)
         n_rs = self.n_max if self.recurrent else 0
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs)
-        if isinstance(drafter, MtpDrafter):
+        if drafter is not None:
             drafter.prepare_target(self.ctx)
         self.scratch = _accept.new_scratch(target.n_vocab)
         self._cached_prompt: np.ndarray | None = None
@@ -208,9 +207,8 @@ class SpeculativeGenerator:
         self.last_rng = rng  # the accept RNG state (tests check greedy leaves it untouched)
         drafter = self.drafter
         if drafter is not None:
-            drafter.sample_drafts = bool(spec_draft_sample)
-            drafter.configure(sampling, sampling.seed)
-            drafter.collect_topk = self.topk_stats is not None
+            drafter.configure(sampling, sampling.seed, sample=bool(spec_draft_sample),
+                              collect_topk=self.topk_stats is not None)
         stats = SpecStats(n_prompt=len(prompt_tokens))
         stops = [s for s in stop if s]
         decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")

@@ -76,11 +76,6 @@ class ScriptedDrafter(Drafter):
         self.ref = ref_full
         self.n_prompt = n_prompt
         self.vocab_size = n_vocab
-        self.sample_drafts = True
-        self.collect_topk = False
-
-    def configure(self, params, seed):
-        pass
 
     def draft(self, history, n_max, p_min):
         j = len(history)  # index of the next token in prompt + reference continuation

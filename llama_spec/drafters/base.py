@@ -1,14 +1,23 @@
-"""What every drafter hands the verifier: a proposal (draft tokens + q + support).
+"""The public drafter interface: what every drafter hands the verifier, and how the loop drives it.
 
-A drafter that cannot say which distribution it drew from (an n-gram lookup, say) returns a
-proposal with ``q_ids is None``: the loop then uses the exact-match rule for that verification.
+A **proposal** is the draft tokens plus, per token, q over the drafter's **support** (the set it
+sampled from). A drafter that cannot say which distribution it drew from (an n-gram lookup, say)
+returns a proposal with ``q_ids is None``: that verification then uses the exact-match rule.
+
+Only :meth:`Drafter.draft` must be overridden; every other hook has a working default. See
+docs/drafters.md for two complete, tested examples.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import numpy as np
+
+if TYPE_CHECKING:  # annotations only: the base stays importable without the compiled binding
+    from ..context import Context
+    from ..sampling import SamplerParams
 
 TOPK_WIDTH = 8  # candidates remembered per draft position for the top-k statistics
 
@@ -18,8 +27,8 @@ class Proposal:
     """Draft tokens with, per token, q over the drafter's support (the set it sampled from)."""
 
     tokens: list[int] = field(default_factory=list)
-    q_ids: list[np.ndarray] | None = field(default_factory=list)    # int32 per position
-    q_probs: list[np.ndarray] | None = field(default_factory=list)  # float32 per position
+    q_ids: list[np.ndarray] | None = field(default_factory=list)    # int32 (support,) per position
+    q_probs: list[np.ndarray] | None = field(default_factory=list)  # float32 (support,) per position
     # Optional: the drafter's top-8 candidates per position (ids, probs), for draft statistics.
     topk_ids: list[np.ndarray] | None = None
     topk_probs: list[np.ndarray] | None = None
@@ -29,7 +38,7 @@ class Proposal:
 
     @property
     def has_q(self) -> bool:
-        """True when q is usable by the rejection rule (present, one per draft token)."""
+        """True when q is usable by the rejection rules (present, one per draft token)."""
         return (
             self.q_ids is not None
             and self.q_probs is not None
@@ -39,29 +48,44 @@ class Proposal:
 
 
 class Drafter:
-    """Interface of a drafter, as the speculative loop drives it.
+    """Base class of every drafter, as the speculative loop drives it (one request at a time).
 
-    * ``begin(prompt)`` after the target prefilled the prompt (the drafter prefills itself).
-    * ``observe(tokens, pos0, target)`` after every target decode (MTP needs the hidden rows).
-    * ``draft(history, n_max, p_min)`` proposes up to n_max tokens continuing `history`
-      (prompt + every emitted token; the last one is not yet decoded by the target).
-    * ``accepted(n_accepted)`` after verification: how many draft tokens were kept.
+    Per request: ``configure`` -> (``begin`` + ``snapshot_prompt`` | ``restore_prompt``) ->
+    repeatedly ``draft`` / ``observe`` / ``accepted``. ``prepare_target`` runs once when the
+    generator builds its target context; ``close`` when the generator closes.
     """
 
-    name = "none"
-    vocab_size: int = 0
+    name: str = "custom"
+    vocab_size: int = 0            # 0 = unknown: the generator does not check it against the target's
+    sample_drafts: bool = True     # False: deterministic drafts, no q (the exact-match rule)
+    collect_topk: bool = False     # an observer wants topk_ids/topk_probs in the proposals
+    params: SamplerParams | None = None  # the target's sampler settings of the current request
+    seed: int = 0
 
-    def begin(self, prompt: list[int]) -> None:  # pragma: no cover - interface
-        pass
+    def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
+                  collect_topk: bool = False) -> None:
+        """Before each request: the target's sampler settings, its seed and what the loop wants."""
+        self.params = params
+        self.seed = int(seed)
+        self.sample_drafts = bool(sample)
+        self.collect_topk = bool(collect_topk)
 
-    def observe(self, tokens: np.ndarray, pos0: int, target) -> None:
-        pass
+    def prepare_target(self, target: Context) -> None:
+        """Once, when the generator builds its target context (MTP: turn the nextn rows on)."""
 
-    def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:  # pragma: no cover
-        raise NotImplementedError
+    def begin(self, prompt: list[int]) -> None:
+        """A new prompt (not a prompt-cache hit) is about to be prefilled into the target."""
+
+    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
+        """After every target decode of `tokens` (int32 (n,)) at positions pos0 .. pos0 + n - 1."""
+
+    def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
+        """Propose up to n_max tokens continuing `history` (prompt + every emitted token; the last
+        one is not yet decoded by the target). Stop early where the top probability < p_min."""
+        raise NotImplementedError(f"{type(self).__name__} must override Drafter.draft()")
 
     def accepted(self, n_accepted: int) -> None:
-        pass
+        """After a verification: how many tokens of the last proposal were kept."""
 
     def snapshot_prompt(self, n_tokens: int) -> None:
         """The target holds the first n_tokens prompt tokens: remember this point."""
@@ -70,4 +94,4 @@ class Drafter:
         """Go back to the `snapshot_prompt` point (the same prompt is being reused)."""
 
     def close(self) -> None:
-        pass
+        """Free the drafter's own resources (contexts)."""

@@ -30,7 +30,9 @@ class DraftModelDrafter(Drafter):
         self.collect_topk = False
         self._kv: list[int] = []
 
-    def configure(self, params: SamplerParams, seed: int) -> None:
+    def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
+                  collect_topk: bool = False) -> None:
+        super().configure(params, seed, sample=sample, collect_topk=collect_topk)
         self.mirror.configure(params)
         self.mirror.reseed(seed)
 

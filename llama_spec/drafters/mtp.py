@@ -47,12 +47,13 @@ class MtpDrafter(Drafter):
         self._pairs = np.zeros((n_batch, self.n_embd), dtype=np.float32)
         self._step_h = np.zeros((1, self.n_embd), dtype=np.float32)
 
-    def configure(self, params: SamplerParams, seed: int) -> None:
+    def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
+                  collect_topk: bool = False) -> None:
+        super().configure(params, seed, sample=sample, collect_topk=collect_topk)
         self.mirror.configure(params)
         self.mirror.reseed(seed)
 
-    @staticmethod
-    def prepare_target(target: Context) -> None:
+    def prepare_target(self, target: Context) -> None:
         """The target must hand out nextn rows for every batch token."""
         target.set_nextn(True, masked=False)
 
