@@ -255,6 +255,12 @@ class TargetSampler:
     def greedy(self) -> bool:
         return self.params.greedy
 
+    @property
+    def stateful(self) -> bool:
+        """Does accept() change later p (penalties, DRY, grammar, reasoning budget)?"""
+        return (self.budget is not None or self.has_grammar or _penalties_on(self.params)
+                or self.params.dry_multiplier > 0)
+
     def clone(self) -> TargetSampler:
         return TargetSampler(self.model, self.params, _clone_from=self)
 
