@@ -12,13 +12,34 @@ import collections
 import logging
 import threading
 
+
+def _load_error(e: ImportError) -> str:
+    """Why the compiled extension did not load: not built, or (GPU builds) a library the loader
+    cannot find, named with what to install or how to get the CPU build instead."""
+    import json
+    import re
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parent
+    if not any(here.glob("_llama_cffi*.so")):
+        return ("llama_spec's compiled extension is missing: install the package with `pip install .` "
+                f"(or `pip install -e .`) from the repository root ({e})")
+    info = here / "_build_info.json"
+    backend = json.loads(info.read_text()).get("backend", "cpu") if info.exists() else "cpu"
+    m = re.search(r"([\w.+-]+\.so[\d.]*): cannot open shared object file", str(e))
+    lib_name = m.group(1) if m else "a library it links"
+    need = {"cuda": "the CUDA runtime (libcudart, from the CUDA toolkit or `pip install nvidia-cuda-runtime`) "
+                    "and cuBLAS (`pip install nvidia-cublas`); no GPU or driver is needed to import",
+            "hip": "ROCm's HIP runtime with hipBLAS and rocBLAS"}.get(backend, "the libraries in llama_spec/_lib")
+    return (f"llama_spec ({backend} build) cannot load {lib_name}: install {need}, or install the CPU build "
+            "with `LLAMA_SPEC_BACKEND=cpu pip install --force-reinstall --no-cache-dir .` "
+            f"(loader said: {e})")
+
+
 try:
     from llama_spec._llama_cffi import ffi, lib
-except ImportError as e:  # pragma: no cover - only when the package was not built
-    raise ImportError(
-        "llama_spec's compiled extension is missing: install the package with `pip install .` "
-        f"(or `pip install -e .`) from the repository root ({e})"
-    ) from e
+except ImportError as e:  # pragma: no cover - only when the package was not built or cannot load
+    raise ImportError(_load_error(e)) from e
 
 logger = logging.getLogger("llama_spec.llama_cpp")
 logging.getLogger("llama_spec").addHandler(logging.NullHandler())
