@@ -1,0 +1,156 @@
+"""``llama-spec serve``: the OpenAI-compatible server (needs the ``[server]`` extra).
+
+    llama-spec serve -m MODEL [-md DRAFT | --spec-type draft-mtp] --parallel N \\
+        [--host 127.0.0.1] [--port 8080] [--api-key KEY] [-c N] [-t N] [-nr]
+
+Binds 127.0.0.1 unless told otherwise. ``-c`` is the context of one slot (llama-server divides
+its ``-c`` among the slots; here the KV cache holds ``-c`` x ``--parallel`` tokens). Ctrl-C or
+SIGTERM: uvicorn stops accepting, open streams get a few seconds, then the worker thread stops
+and every context and model is freed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["add_serve_parser", "build_engine", "cmd_serve", "main"]
+
+log = logging.getLogger("llama_spec.server")
+_LOOPBACK = ("127.0.0.1", "localhost", "::1")
+
+
+def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
+    """Add the ``serve`` command to an argparse subparsers object."""
+    s = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (loopback by default)")
+    _add_args(s)
+    s.set_defaults(func=cmd_serve)
+    return s
+
+
+def _add_args(s: argparse.ArgumentParser) -> None:
+    s.add_argument("-m", "--model", required=True, help="GGUF path or a test model name")
+    s.add_argument("-md", "--model-draft", default=None, help="draft model (draft-simple)")
+    s.add_argument("--spec-type", default=None, choices=["none", "draft-simple", "draft-mtp"],
+                   help="default: draft-simple with -md, else none")
+    s.add_argument("--spec-draft-n-max", type=int, default=3, help="draft tokens per verification (1-64)")
+    s.add_argument("-np", "--parallel", type=int, default=4, help="slots (sequences decoded together)")
+    s.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot (then 503)")
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--port", type=int, default=8080)
+    s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env LLAMA_API_KEY)")
+    s.add_argument("-c", "--ctx-size", type=int, default=4096, help="context of one slot (tokens)")
+    s.add_argument("-b", "--batch-size", type=int, default=512)
+    s.add_argument("-t", "--threads", type=int, default=None)
+    s.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1)
+    s.add_argument("-nr", "--no-repack", action="store_true", help="no CPU weight repacking (batch = solo, bitwise)")
+    s.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
+    s.add_argument("--chat-template-file", default=None, help="jinja template instead of the GGUF's")
+    s.add_argument("--timeout-graceful", type=float, default=5.0, help="seconds open streams get at shutdown")
+    s.add_argument("-v", "--verbose", action="count", default=0)
+
+
+def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], None]], str]:
+    """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
+    from .drafters.draft_model import DraftModelDrafter
+    from .drafters.mtp import MtpDrafter
+    from .model import Model
+    from .server.engine import SerialBatchAdapter, ServerEngine
+    from .testing.models import resolve_model
+
+    mode = ns.spec_type or ("draft-simple" if ns.model_draft else "none")
+    if mode == "draft-simple" and not ns.model_draft:
+        raise ValueError("--spec-type draft-simple needs -md/--model-draft")
+    if ns.parallel < 1:
+        raise ValueError(f"--parallel must be >= 1, got {ns.parallel}")
+    closers: list[Callable[[], None]] = []
+    kw = dict(n_gpu_layers=ns.n_gpu_layers, repack=not ns.no_repack)
+    target = Model(resolve_model(ns.model), load_mtp=mode == "draft-mtp", **kw)
+    closers.append(target.close)
+    factory: Callable[[], Any] | None = None
+    if mode == "draft-simple":
+        dmodel = Model(resolve_model(ns.model_draft), **kw)
+        closers.insert(0, dmodel.close)
+        factory = lambda: DraftModelDrafter(dmodel, n_ctx=ns.ctx_size, n_threads=ns.threads)  # noqa: E731
+    elif mode == "draft-mtp":
+        factory = lambda: MtpDrafter(target, n_ctx=ns.ctx_size, n_threads=ns.threads)  # noqa: E731
+
+    def make_batch() -> Any:  # runs in the engine's worker thread, which then owns the contexts
+        return SerialBatchAdapter(target, factory, n_parallel=ns.parallel, n_ctx=ns.ctx_size,
+                                  n_batch=ns.batch_size, n_threads=ns.threads, n_max=ns.spec_draft_n_max)
+
+    return ServerEngine(make_batch, max_queue=ns.queue_size), target, closers, mode
+
+
+class _Terminated(Exception):
+    """SIGTERM arrived (re-raised by uvicorn after its graceful shutdown)."""
+
+
+def _on_sigterm(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+def cmd_serve(ns: argparse.Namespace) -> int:
+    """Load, start the worker, run uvicorn until Ctrl-C/SIGTERM, then stop and free everything."""
+    import uvicorn
+
+    from .server.app import ServerConfig, create_app
+
+    api_key = ns.api_key or os.environ.get("LLAMA_API_KEY") or None
+    if ns.host not in _LOOPBACK:
+        print(f"llama-spec serve: WARNING: binding {ns.host} exposes the server beyond this machine"
+              + ("" if api_key else " with no --api-key"), file=sys.stderr)
+    template = Path(ns.chat_template_file).read_text() if ns.chat_template_file else None
+    engine, target, closers, mode = build_engine(ns)
+    old = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
+    try:
+        engine.start()
+        name = ns.alias or Path(target.path).name
+        app = create_app(engine, target, ServerConfig(model_name=name, api_key=api_key, speculative_mode=mode,
+                                                      chat_template=template))
+        print(f"llama-spec serve: {name} ({mode}), {engine.n_parallel} slots x {engine.n_ctx_per_seq} tokens, "
+              f"http://{ns.host}:{ns.port}/v1", file=sys.stderr, flush=True)
+        config = uvicorn.Config(app, host=ns.host, port=ns.port, lifespan="off", access_log=ns.verbose > 0,
+                                log_level="info" if ns.verbose else "warning",
+                                timeout_graceful_shutdown=ns.timeout_graceful)
+        uvicorn.Server(config).run()
+    except (KeyboardInterrupt, _Terminated):
+        pass
+    finally:
+        engine.stop()
+        for fn in closers:
+            fn()
+        if old is not None:
+            signal.signal(signal.SIGTERM, old)
+        print("llama-spec serve: stopped", file=sys.stderr, flush=True)
+    return 0
+
+
+def _main_thread() -> bool:
+    import threading
+
+    return threading.current_thread() is threading.main_thread()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m llama_spec.cli_serve ...`` (the same as ``llama-spec serve ...``)."""
+    ap = argparse.ArgumentParser(prog="llama-spec serve")
+    _add_args(ap)
+    ns = ap.parse_args(argv)
+    logging.basicConfig(stream=sys.stderr, level=logging.INFO if ns.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s: %(message)s")
+    try:
+        return cmd_serve(ns)
+    except (ValueError, OSError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
