@@ -423,6 +423,10 @@ def cuda_config(env: dict[str, str] | None = None, sites: list[Path] | None = No
     """Find everything a CUDA build needs, or raise BuildError saying what is missing."""
     nvcc, nvcc_from = find_nvcc(env)
     root = toolkit_root(nvcc)
+    if (root / "bin" / "nvcc").is_file() and nvcc.resolve() != (root / "bin" / "nvcc").resolve():
+        # a wrapper script (e.g. /usr/local/bin/nvcc running the toolkit's): give CMake the real one
+        nvcc_from = f"{nvcc_from} ({nvcc} runs it)"
+        nvcc = root / "bin" / "nvcc"
     version = nvcc_version(nvcc)
     major = version.split(".")[0]
     cublas = find_cublas(root, major, sites)
