@@ -48,17 +48,12 @@ answer, and an id >= len(scratch) writes out of bounds. The GIL is held while th
         positive entry the token is -1.
     bonus_token_kernel(p_ids, p_probs, rng_state) -> int
         A draw from p (the one positive entry, without randomness, when p is one-hot).
-    accept_draft_kernel(p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens,
-                        rng_state, scratch, out) -> n_accepted
-        k positions plus the bonus; rows of the padded 2-D arrays are the supports, row i uses
-        the first p_lens[i] / q_lens[i] entries; p has k + 1 rows, q has k rows, out has
-        length >= k + 1 and receives the n_accepted + 1 emitted tokens.
+    The k-position kernels over padded rows (token rule accept_draft_kernel, block rule
+    accept_block_kernel) live in llama_spec.accept_block.
 
 Python wrappers (validation happens here, never in jitted code):
     accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch=None,
                 n_vocab=None, validate=True) -> AcceptResult(token, accepted)
-    accept_draft(p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens, rng_state,
-                 scratch=None, n_vocab=None, validate=True) -> (emitted int32 array, n_accepted)
         With validate=True bad input raises ValueError (clear message); ids/probs of other
         integer/float dtypes are converted. If everything else is valid but p or q does not sum
         to 1 +- 1e-3, UnnormalizedError (a ValueError) is raised so the loop can fall back to
@@ -66,9 +61,10 @@ Python wrappers (validation happens here, never in jitted code):
         the caller guarantees dtypes and preconditions, and checks ``p_is_normalized``).
         scratch=None uses a per-thread buffer (grown as needed); pass your own to skip that.
         The hot loop can call accept_step_kernel itself: it saves the wrapper's ~0.3 us.
+    accept_draft and accept_block (k positions, padded rows): llama_spec.accept_block.
     p_is_normalized(p_probs, tol=1e-3) -> bool: sum(p) within 1 +- tol (False for NaN).
-    accept_step_reference(...): the same rule in plain numpy, same RNG stream; for tests and
-        the benchmark only.
+    The same rule in plain numpy on the same RNG stream, for tests and benchmarks:
+    llama_spec.testing.reference.accept_step_reference.
 """
 
 from __future__ import annotations
@@ -83,11 +79,8 @@ import numpy as np
 __all__ = [
     "AcceptResult",
     "UnnormalizedError",
-    "accept_draft",
-    "accept_draft_kernel",
     "accept_step",
     "accept_step_kernel",
-    "accept_step_reference",
     "bonus_token_kernel",
     "new_rng_state",
     "new_scratch",
@@ -159,25 +152,6 @@ def _next_uniform(state):
     return np.float64(result >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
-def _py_next_uniform(state: np.ndarray) -> float:
-    """The same step as _next_uniform, in Python ints (for the reference implementation)."""
-
-    def rotl(x: int, k: int) -> int:
-        return ((x << k) | (x >> (64 - k))) & _M64
-
-    s0, s1, s2, s3 = (int(v) for v in state)
-    result = (rotl((s1 * 5) & _M64, 7) * 9) & _M64
-    t = (s1 << 17) & _M64
-    s2 ^= s0
-    s3 ^= s1
-    s1 ^= s2
-    s0 ^= s3
-    s2 ^= t
-    s3 = rotl(s3, 45)
-    state[:] = (s0, s1, s2, s3)
-    return float(result >> 11) * (1.0 / 9007199254740992.0)
-
-
 # --------------------------------------------------------------------------------------------
 # Kernels.
 
@@ -193,10 +167,10 @@ def _draw(p_ids, p_probs, scratch, rng_state):
 
     Entries go in blocks of 8 summed in a fixed tree order, so the running sum adds once per
     block (a full-vocabulary pass is not bound by the floating-point add latency) and the
-    result is bit-for-bit reproducible (accept_step_reference mirrors it). Phase 0 sums all
-    blocks and keeps the running sum at up to 64 checkpoints; phase 1 restarts from the last
-    checkpoint <= target = u * total, repeats the same sums up to the block holding the target
-    and walks that block entry by entry. The weights are written out here, not in a helper:
+    result is bit-for-bit reproducible (testing.reference.accept_step_reference mirrors it).
+    Phase 0 sums all blocks and keeps the running sum at up to 64 checkpoints; phase 1
+    restarts from the last checkpoint <= target = u * total, repeats the same sums up to the
+    block holding the target and walks that block entry by entry. The weights are written out here, not in a helper:
     numba does not inline array-taking helpers into a loop well (3x slower at full vocab)."""
     n = p_ids.shape[0]
     n_blocks = (n + 7) // 8
@@ -402,24 +376,6 @@ def bonus_token_kernel(p_ids, p_probs, rng_state):
 
 
 @numba.njit(cache=True)
-def accept_draft_kernel(
-    p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens, rng_state, scratch, out
-):
-    k = draft_tokens.shape[0]
-    for i in range(k):
-        np_, nq = p_lens[i], q_lens[i]
-        token, accepted = _accept_step(
-            p_ids[i, :np_], p_probs[i, :np_], draft_tokens[i],
-            q_ids[i, :nq], q_probs[i, :nq], rng_state, scratch,
-        )
-        out[i] = token
-        if not accepted:
-            return i
-    out[k] = _bonus_token(p_ids[k, : p_lens[k]], p_probs[k, : p_lens[k]], rng_state)
-    return k
-
-
-@numba.njit(cache=True)
 def _sum_f64(x):
     """Sum in float64 with 4 independent partial sums (4x fewer dependent adds)."""
     n = x.shape[0]
@@ -595,174 +551,10 @@ def accept_step(
 
 
 def _rows_2d(x, name: str, n_rows: int, kind: str) -> np.ndarray:
+    """x as a 2-D array of n_rows rows whose dtype kind is in kind, else ValueError naming it."""
     a = np.asarray(x)
     if a.ndim != 2 or a.shape[0] != n_rows:
         raise ValueError(f"{name} must be 2-D with {n_rows} rows, got shape {a.shape}")
     if a.dtype.kind not in kind:
         raise ValueError(f"{name} has dtype {a.dtype}")
     return a
-
-
-def accept_draft(
-    p_ids,
-    p_probs,
-    p_lens,
-    draft_tokens,
-    q_ids,
-    q_probs,
-    q_lens,
-    rng_state,
-    scratch=None,
-    n_vocab=None,
-    validate=True,
-):
-    """k positions of the rejection rule plus the bonus draw; returns (emitted, n_accepted).
-
-    p_ids/p_probs: (k + 1, Lp) padded rows, row i valid up to p_lens[i]; q_ids/q_probs:
-    (k, Lq) likewise with q_lens; draft_tokens: (k,). emitted is an int32 array of length
-    n_accepted + 1: the accepted drafts, then the recovered token (n_accepted < k) or the
-    bonus token (n_accepted == k).
-    """
-    if not validate:
-        k = draft_tokens.shape[0]
-        if scratch is None:
-            scratch = _thread_scratch(_max_id(p_ids, q_ids) + 1)
-        out = np.empty(k + 1, dtype=np.int32)
-        n_acc = accept_draft_kernel(
-            p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens, rng_state, scratch, out
-        )
-        return out[: n_acc + 1], int(n_acc)
-
-    _check_rng(rng_state)
-    n_vocab = _check_vocab(n_vocab)
-    drafts = np.asarray(draft_tokens)
-    if drafts.ndim != 1 or drafts.dtype.kind not in "iu":
-        raise ValueError(f"draft_tokens must be a 1-D integer array, got {drafts.dtype} "
-                         f"shape {drafts.shape}")
-    k = drafts.shape[0]
-    p_ids = _rows_2d(p_ids, "p_ids", k + 1, "iu")
-    p_probs = _rows_2d(p_probs, "p_probs", k + 1, "f")
-    q_ids = _rows_2d(q_ids, "q_ids", k, "iu")
-    q_probs = _rows_2d(q_probs, "q_probs", k, "f")
-    if p_ids.shape != p_probs.shape or q_ids.shape != q_probs.shape:
-        raise ValueError("ids and probs arrays must have the same shape")
-    p_lens = np.asarray(p_lens)
-    q_lens = np.asarray(q_lens)
-    if p_lens.shape != (k + 1,) or q_lens.shape != (k,) or p_lens.dtype.kind not in "iu" \
-            or q_lens.dtype.kind not in "iu":
-        raise ValueError(f"p_lens must be ({k + 1},) and q_lens ({k},) integer arrays")
-    if ((p_lens < 1) | (p_lens > p_ids.shape[1])).any() or (
-        k and ((q_lens < 1) | (q_lens > q_ids.shape[1])).any()
-    ):
-        raise ValueError("a length in p_lens/q_lens is outside [1, row width]")
-
-    # Check each position like accept_step, then repack into contiguous typed arrays.
-    pi = np.zeros(p_ids.shape, np.int32)
-    pp = np.zeros(p_ids.shape, np.float32)
-    qi = np.zeros(q_ids.shape, np.int32)
-    qp = np.zeros(q_ids.shape, np.float32)
-    n_needed = 1
-    for i in range(k + 1):
-        n = int(p_lens[i])
-        if i < k:
-            m = int(q_lens[i])
-            a, b, _, c, d = _validate_position(
-                p_ids[i, :n], p_probs[i, :n], int(drafts[i]), q_ids[i, :m], q_probs[i, :m],
-                n_vocab,
-            )
-            qi[i, :m], qp[i, :m] = c, d
-            n_needed = max(n_needed, int(c.max()) + 1)
-        else:
-            a = _as_ids(p_ids[i, :n], "p_ids", n_vocab)
-            b = _as_probs(p_probs[i, :n], "p_probs", n)
-            if not p_is_normalized(b):
-                raise UnnormalizedError("p", float(b.sum(dtype=np.float64)), 1e-3)
-        pi[i, :n], pp[i, :n] = a, b
-        n_needed = max(n_needed, int(a.max()) + 1)
-    scratch = _get_scratch(scratch, n_needed if n_vocab is None else n_vocab)
-    if scratch[pi.ravel()].any() or scratch[qi.ravel()].any():
-        raise ValueError("scratch is not zero at the ids in use (it must start all zero)")
-    out = np.empty(k + 1, dtype=np.int32)
-    n_acc = accept_draft_kernel(
-        pi, pp, p_lens.astype(np.int64), drafts.astype(np.int64), qi, qp,
-        q_lens.astype(np.int64), rng_state, scratch, out,
-    )
-    return out[: n_acc + 1], int(n_acc)
-
-
-# --------------------------------------------------------------------------------------------
-# Plain-numpy reference of the same rule and the same RNG stream (tests and benchmark only).
-
-
-def accept_step_reference(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch):
-    """accept_step_kernel in plain numpy: same rule, same summation order, same RNG stream."""
-    p = p_probs.astype(np.float64)
-    positive = np.flatnonzero(p > 0)
-    if positive.size == 1:  # greedy path
-        forced = int(p_ids[positive[0]])
-        return forced, forced == draft_token
-    hit_p = np.flatnonzero(p_ids == draft_token)
-    hit_q = np.flatnonzero(q_ids == draft_token)
-    px = p[hit_p[0]] if hit_p.size else 0.0
-    qx = float(q_probs[hit_q[0]]) if hit_q.size else 0.0
-    if px > 0.0 and (px >= qx or _py_next_uniform(rng_state) * qx < px):
-        return int(draft_token), True
-    scratch[q_ids] = q_probs
-    dense_q = scratch[p_ids].astype(np.float64)
-    scratch[q_ids] = 0.0
-    token = -1
-    if p_ids.shape[0] >= _LARGE_SUPPORT:
-        token = _reference_residual_by_rejection(p_ids, p, dense_q, rng_state)
-    if token < 0:
-        token = _reference_draw(p_ids, np.maximum(p - dense_q, 0.0), rng_state)
-    if token < 0:  # residual zero by rounding: draw from p
-        token = _reference_draw(p_ids, np.maximum(p, 0.0), rng_state)
-    return token, False
-
-
-def _reference_residual_by_rejection(ids, p, q_at_p, rng_state):
-    n = p.shape[0]
-    n_blocks = -(-n // _BLOCK)
-    padded = np.zeros(n_blocks * _BLOCK)
-    padded[:n] = p
-    lanes = np.cumsum(padded.reshape(n_blocks, _BLOCK // 8, 8), axis=1)[:, -1, :]  # sequential per lane
-    sums = ((lanes[:, 0] + lanes[:, 1]) + (lanes[:, 2] + lanes[:, 3])) + (
-        (lanes[:, 4] + lanes[:, 5]) + (lanes[:, 6] + lanes[:, 7]))
-    cum = np.concatenate(([0.0], np.cumsum(sums)))
-    total = cum[-1]
-    if not total > 0.0:
-        return -1
-    for _ in range(_MAX_TRIES):
-        target = _py_next_uniform(rng_state) * total
-        b = int(np.searchsorted(cum[:n_blocks], target, side="right")) - 1
-        c, j = cum[b], -1
-        for i in range(b * _BLOCK, min(b * _BLOCK + _BLOCK, n)):
-            if p[i] > 0.0:
-                c += p[i]
-                j = i
-                if target < c:
-                    break
-        u = _py_next_uniform(rng_state)
-        if j >= 0 and q_at_p[j] < p[j] and u * p[j] >= q_at_p[j]:
-            return int(ids[j])
-    return -1
-
-
-def _reference_draw(ids, weights, rng_state):
-    blocks = np.zeros(-(-weights.shape[0] // 8) * 8)
-    blocks[: weights.shape[0]] = weights
-    w = blocks.reshape(-1, 8)
-    sums = ((w[:, 0] + w[:, 1]) + (w[:, 2] + w[:, 3])) + ((w[:, 4] + w[:, 5]) + (w[:, 6] + w[:, 7]))
-    cum = np.cumsum(sums)  # np.cumsum adds sequentially, like the kernel's running sum
-    if not cum[-1] > 0.0:
-        return -1
-    target = _py_next_uniform(rng_state) * cum[-1]
-    b = int(np.searchsorted(cum, target, side="right"))
-    if b == cum.shape[0]:
-        return int(ids[np.flatnonzero(weights)[-1]])
-    start = cum[b - 1] if b else 0.0
-    inner = np.cumsum(np.concatenate(([start], w[b])))[1:]
-    j = int(np.searchsorted(inner, target, side="right"))
-    if j == 8:
-        j = int(np.flatnonzero(w[b])[-1])
-    return int(ids[8 * b + j])

@@ -14,6 +14,8 @@ import pytest
 from scipy import stats
 
 from llama_spec import accept as A
+from llama_spec.accept_block import accept_draft
+from llama_spec.testing import reference as R
 
 N_VOCAB = 1000
 N_TRIALS = 100_000
@@ -349,13 +351,13 @@ def test_kernel_matches_numpy_reference():
         st1 = A.new_rng_state(case)
         st2 = st1.copy()
         got = A.accept_step_kernel(p_ids, p, draft, q_ids, q, st1, s1)
-        want = A.accept_step_reference(p_ids, p, draft, q_ids, q, st2, s2)
+        want = R.accept_step_reference(p_ids, p, draft, q_ids, q, st2, s2)
         assert (int(got[0]), bool(got[1])) == want
         assert np.array_equal(st1, st2)
         if case % 5 == 0:  # the bonus draw too
             b1 = A.bonus_token_kernel(p_ids, p, st1)
             if np.count_nonzero(p) > 1:
-                assert b1 == A._reference_draw(p_ids, p.astype(np.float64), st2)
+                assert b1 == R._reference_draw(p_ids, p.astype(np.float64), st2)
                 assert np.array_equal(st1, st2)
     assert not s1.any() and not s2.any()
 
@@ -409,9 +411,9 @@ def test_accept_draft_matches_single_steps():
         d = np.array(drafts, np.int64)
         state = A.new_rng_state(case)
         ref_state = state.copy()
-        emitted, n_acc = A.accept_draft(pi, pp, p_lens, d, qi, qq, q_lens, state, n_vocab=N_VOCAB)
+        emitted, n_acc = accept_draft(pi, pp, p_lens, d, qi, qq, q_lens, state, n_vocab=N_VOCAB)
         fast_state = ref_state.copy()
-        emitted_fast, n_fast = A.accept_draft(
+        emitted_fast, n_fast = accept_draft(
             pi, pp, p_lens, d, qi, qq, q_lens, fast_state, A.new_scratch(N_VOCAB), validate=False
         )
         assert n_fast == n_acc and np.array_equal(emitted_fast, emitted)

@@ -133,7 +133,7 @@ def broken_accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, s
 
     Emits min(p, q) + (1 - sum min(p, q)) * p instead of p: the test must catch it.
     """
-    from llama_spec.accept import _py_next_uniform
+    from llama_spec.testing.reference import _py_next_uniform
 
     pos = p_probs > 0
     if pos.sum() == 1:
