@@ -276,13 +276,13 @@ def _env(env: dict[str, str] | None) -> dict[str, str]:
     return dict(os.environ) if env is None else env
 
 
-def find_nvcc(env: dict[str, str] | None = None) -> tuple[Path, str]:
+def find_nvcc(env: dict[str, str] | None = None, default: str = "/usr/local/cuda/bin/nvcc") -> tuple[Path, str]:
     """nvcc from CUDACXX, then CUDA_HOME / CUDA_PATH, then PATH, then /usr/local/cuda; (path, source)."""
     e = _env(env)
     tried = []
     cands: list[tuple[str, str | None]] = [("CUDACXX", e.get("CUDACXX"))]
     cands += [(v, str(Path(e[v]) / "bin" / "nvcc") if e.get(v) else None) for v in ("CUDA_HOME", "CUDA_PATH")]
-    cands += [("PATH", shutil.which("nvcc", path=e.get("PATH", ""))), ("default", "/usr/local/cuda/bin/nvcc")]
+    cands += [("PATH", shutil.which("nvcc", path=e.get("PATH", ""))), ("default", default)]
     for src, path in cands:
         if not path:
             continue
