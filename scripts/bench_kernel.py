@@ -10,6 +10,10 @@ token drawn from the residual), times:
   numpy    accept_step_reference(...)                  -- the same rule in plain numpy
 each the median over repeats of (loop time / calls). Also the first call in a fresh process,
 with an empty numba cache (compile) and with a warm one (cache load).
+Block rule (llama_spec.accept_block), k = 3 positions of such rows, support 64 and 151,936:
+accept_block wrapper / raw accept_block_kernel / accept_block_reference, and the token rule's
+accept_draft_kernel on the same rows, for drafts all accepted and drafts with p = 1e-3 q (the
+block rule then looks at every position and almost always recovers at position 1).
 
 Run from the repository root:  PYTHONPATH=. python scripts/bench_kernel.py [--json FILE]
 --smoke runs a handful of calls (for tests/test_bench_kernel_smoke.py).
@@ -31,6 +35,8 @@ from pathlib import Path
 import numpy as np
 
 from llama_spec import accept as A
+from llama_spec import accept_block as B
+from llama_spec.testing import reference as R
 
 N_VOCAB = 151_936
 SIZES = (8, 64, 1_024, N_VOCAB)
@@ -104,7 +110,7 @@ def per_call_us(loop, repeats, min_time):
 def bench_call(args, scratch, repeats, min_time):
     p_ids, p, draft, q_ids, q = args
     state = A.new_rng_state(0)
-    step, kernel, ref = A.accept_step, A.accept_step_kernel, A.accept_step_reference
+    step, kernel, ref = A.accept_step, A.accept_step_kernel, R.accept_step_reference
     expect = kernel(p_ids, p, draft, q_ids, q, state, scratch)[1]
 
     def wrapper_loop(n):
@@ -124,6 +130,51 @@ def bench_call(args, scratch, repeats, min_time):
         "raw_us": per_call_us(raw_loop, repeats, min_time),
         "numpy_us": per_call_us(numpy_loop, repeats, min_time),
     }
+
+
+def make_block_case(n, path, k=3):
+    """Padded rows for k positions plus the bonus (accept_block's arguments up to rng_state):
+    each position as make_case; "rejected" drafts get p = 1e-3 q (0 < r_i << 1)."""
+    rows = []
+    for i in range(k + 1):
+        accepted, rejected = make_case(n, seed=100 + i)
+        p_ids, p, d, q_ids, q = accepted if path == "accepted" else rejected
+        if path == "rejected":
+            p = p.astype(np.float64)
+            p[p_ids == d] = 1e-3 * q[q_ids == d][0]
+            p = (p / p.sum()).astype(np.float32)
+        rows.append((p_ids, p, d, q_ids, q))
+    p_ids = np.stack([r[0] for r in rows]).astype(np.int32)
+    p_probs = np.stack([r[1] for r in rows]).astype(np.float32)
+    q_ids = np.stack([r[3] for r in rows[:k]]).astype(np.int32)
+    q_probs = np.stack([r[4] for r in rows[:k]]).astype(np.float32)
+    drafts = np.array([r[2] for r in rows[:k]], np.int64)
+    p_lens = np.full(k + 1, p_ids.shape[1], np.int64)
+    return p_ids, p_probs, p_lens, drafts, q_ids, q_probs, np.full(k, q_ids.shape[1], np.int64)
+
+
+def _block_calls(args, scratch):
+    state, buf = A.new_rng_state(0), np.empty(len(args[3]) + 1, np.int32)
+    return {
+        "wrapper_us": lambda: B.accept_block(*args, state, scratch, validate=False),
+        "raw_us": lambda: B.accept_block_kernel(*args, state, scratch, buf),
+        "numpy_us": lambda: R.accept_block_reference(*args, state, scratch),
+        "token_rule_raw_us": lambda: B.accept_draft_kernel(*args, state, scratch, buf),
+    }
+
+
+def bench_block(scratch, repeats, min_time):
+    """Rows of µs per call for the block rule (and the token rule on the same rows)."""
+    out = []
+    for n in (64, N_VOCAB):
+        for path in ("accepted", "rejected"):
+            args = make_block_case(n, path)
+            row = {"support": n, "q_support": int(args[6][0]), "k": 3, "path": path}
+            for key, call in _block_calls(args, scratch).items():
+                row[key] = per_call_us(lambda m, call=call: [call() for _ in range(m)], repeats,
+                                       min_time)
+            out.append(row)
+    return out
 
 
 FIRST_CALL = """
@@ -189,6 +240,7 @@ def main(argv=None):
             assert got == (path == "accepted"), (n, path)
             rows.append({"support": n, "q_support": q_support, "path": path,
                          "p_order": "vocab" if id_order else "random", **times})
+    block_rows = bench_block(scratch, repeats, min_time)
     assert not scratch.any()
     first = first_call_times()
 
@@ -199,6 +251,7 @@ def main(argv=None):
         "numba": __import__("numba").__version__,
         "smoke": opts.smoke,
         "rows": rows,
+        "block_rows": block_rows,
         "first_call": first,
     }
     print(f"machine: {result['machine']}; python {result['python']}, numpy {result['numpy']}, "
@@ -210,6 +263,13 @@ def main(argv=None):
     for r in rows:
         print(f"| {r['support']:,} | {r['p_order']} | {r['q_support']:,} | {r['path']} "
               f"| {r['wrapper_us']:.2f} | {r['raw_us']:.2f} | {r['numpy_us']:.2f} |")
+    print()
+    print("| block rule, k = 3: p support | q support | drafts | wrapper µs | raw kernel µs "
+          "| numpy reference µs | token rule raw µs |")
+    print("|---:|---:|---|---:|---:|---:|---:|")
+    for r in block_rows:
+        print(f"| {r['support']:,} | {r['q_support']} | {r['path']} | {r['wrapper_us']:.2f} "
+              f"| {r['raw_us']:.2f} | {r['numpy_us']:.2f} | {r['token_rule_raw_us']:.2f} |")
     print()
     print(f"first call in a fresh process: import {first['compile_import_s']:.2f} s + compile "
           f"{first['compile_first_call_s']:.2f} s (empty cache); import "
