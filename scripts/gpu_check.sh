@@ -365,16 +365,21 @@ mkdir -p "$MODELS"
 BUILD_JSON=$WORK/build.json
 if [ $DRY = 1 ]; then
   t0=$(date +%s)
+  # what the CUDA build would find here (nvcc, cuBLAS, driver stub / NO_VMM, architectures) and its
+  # cmake line; without an nvidia-cublas wheel in this python it says what is missing instead
   (cd "$REPO" && LLAMA_SPEC_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 CMAKE_ARGS="-DGGML_CUDA_NCCL=OFF ${GPU_CHECK_CMAKE_ARGS:-}" \
-    $PY -c "import build_llama, shlex; from pathlib import Path; print('CUDA cmake line: ' + shlex.join(build_llama.cmake_args(Path('$SRC'), Path('/tmp/lsp-build/cuda-<key>'))))") >> "$LOG" 2>&1
-  record build skipped $(( $(date +%s) - t0 )) "dry run: CUDA build not attempted (cmake line in the log)"
+    $PY build_llama.py --print-cmake) >> "$LOG" 2>&1 || log "dry run: the CUDA findings failed (see the log)"
+  record build skipped $(( $(date +%s) - t0 )) "dry run: CUDA build not attempted (findings + cmake line in the log)"
   BIN=$($PY -c "import sys; sys.path.insert(0, '$REPO'); import build_llama; print(build_llama.build_tools(['llama-quantize']))" 2>>"$LOG" | tail -1)
   log "dry run: CPU llama-quantize from $BIN"
 else
   log "$(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>&1)"
-  log "nvcc: $(nvcc --version 2>&1 | tail -1); cuBLAS: $(ls /usr/local/cuda/lib64/libcublas.so* 2>/dev/null | head -1)"
   export LLAMA_SPEC_BACKEND=cuda CMAKE_CUDA_ARCHITECTURES=90 LLAMA_SPEC_BUILD_CACHE=/tmp/lsp-build
   export CMAKE_ARGS="-DGGML_CUDA_NCCL=OFF ${GPU_CHECK_CMAKE_ARGS:-}" CMAKE_BUILD_PARALLEL_LEVEL=$NPROC
+  # build_llama's findings: nvcc (CUDACXX/CUDA_HOME/PATH), cuBLAS (the toolkit's here: the 444 MB
+  # nvidia-cublas wheel cannot be carried), libcuda.so stub -> VMM on, else GGML_CUDA_NO_VMM
+  (cd "$REPO" && $PY build_llama.py --print-cmake 2>&1 | tee -a "$LOG" | grep '^#' >&2) \
+    || log "build_llama --print-cmake failed: the build will say why"
   BUILD_T0=$(date +%s)
   ( timeout --kill-after=10 $(budget_for 420 150) $PY "$WORK/build_pkg.py" "$REPO" "$WORK/cffi" > "$BUILD_JSON.out" 2> "$WORK/build.err"; echo $? > "$WORK/build.rc" ) &
   BUILD_PID=$!
