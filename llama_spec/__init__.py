@@ -7,6 +7,7 @@ loads the compiled llama.cpp binding.
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
@@ -31,10 +32,9 @@ _EXPORTS = {
     "add_rpc_server": "backends",
     "perplexity": "evaluation",
     "local_rpc_servers": "rpc",
-    "RpcConnectionError": "rpc",
+    "RpcConnectionError": "errors",
     "chat": "chat_api",
     "ChatCompletion": "chat_api",
-    "from_pretrained": "hub",
     "ModelLoadError": "errors",
     "DecodeError": "errors",
     "ContextError": "errors",
@@ -43,8 +43,23 @@ _EXPORTS = {
 
 __all__ = sorted(_EXPORTS)
 
+if TYPE_CHECKING:  # what type checkers see; at run time every name is imported on first use
+    from .backends import add_rpc_server, devices
+    from .chat_api import ChatCompletion, chat
+    from .context import Context, MtpContext
+    from .drafters.base import Drafter, Proposal
+    from .drafters.draft_model import DraftModelDrafter
+    from .drafters.mtp import MtpDrafter
+    from .errors import ContextError, DecodeError, LlamaSpecError, ModelLoadError, RpcConnectionError
+    from .evaluation import perplexity
+    from .model import Model
+    from .rpc import local_rpc_servers
+    from .sampling import ReasoningBudget, SamplerParams, TargetSampler
+    from .speculative import GenerationResult, SpecStats, SpeculativeGenerator, TokenEvent, generate
+    from .stats import TopKStats
 
-def __getattr__(name: str):
+
+def __getattr__(name: str) -> Any:
     mod = _EXPORTS.get(name)
     if mod is None:
         raise AttributeError(f"module 'llama_spec' has no attribute {name!r}")

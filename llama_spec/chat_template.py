@@ -29,7 +29,7 @@ import jinja2.ext
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import LlamaSpecError
+from .errors import TemplateError
 
 __all__ = [
     "CHATML_TEMPLATE",
@@ -51,10 +51,6 @@ CHATML_TEMPLATE = (
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{- '<|im_start|>assistant\\n' }}{%- endif %}"
 )
-
-
-class TemplateError(LlamaSpecError, ValueError):
-    """A chat template failed to compile or render, raised on purpose, or tried unsafe access."""
 
 
 class _TemplateRaised(Exception):

@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import os
 from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from . import rpc as _rpc
 from ._ffi import clear_recent_errors, ffi, lib, recent_errors
+from ._handle import NativeHandle
 from .errors import ContextError, DecodeError
 from .model import Model
+from .types import FlashAttn, OutputsSpec
+
+__all__ = ["Context", "MtpContext", "default_threads"]
 
 _FLASH = {
     "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -26,13 +31,21 @@ _FLASH = {
 
 
 def default_threads() -> int:
+    """llama-spec's default thread count: every core."""
     return max(1, os.cpu_count() or 1)
 
 
-class Context:
-    """A llama.cpp context on a model (one KV cache / recurrent state per sequence)."""
+class Context(NativeHandle):
+    """A llama.cpp context on a model (one KV cache / recurrent state per sequence).
 
+    On a model split over RPC servers every call that talks to them runs through
+    :func:`llama_spec.rpc.call_guarded`; once a server is lost the context is lost with it
+    (see :mod:`llama_spec._handle`) and every use raises RpcConnectionError.
+    """
+
+    _kind = "Context"
     _ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
+    _batch: Any = ffi.NULL
 
     def __init__(
         self,
@@ -45,12 +58,10 @@ class Context:
         n_threads_batch: int | None = None,
         n_seq_max: int = 1,
         n_rs_seq: int = 0,
-        flash_attn: str = "auto",
+        flash_attn: FlashAttn = "auto",
         nextn: bool = False,
         ctx_other: Context | None = None,
     ) -> None:
-        self._ptr = ffi.NULL
-        self._batch = ffi.NULL
         if n_ctx <= 0 or n_batch <= 0:
             raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
         if n_rs_seq < 0:
@@ -74,15 +85,15 @@ class Context:
         clear_recent_errors()
         # on RPC servers: every call that talks to them runs guarded (a lost server raises
         # RpcConnectionError instead of aborting the process; see llama_spec.rpc)
-        self._rpc = bool(getattr(model, "rpc_endpoints", ()))
+        self._rpc = bool(model.rpc_endpoints)
         if self._rpc:
-            _rpc.check_model(model)
+            _rpc.check_endpoints(model.rpc_endpoints)
             ptr = _rpc.call_guarded(lib.llama_init_from_model, model.ptr, p)
         else:
             ptr = lib.llama_init_from_model(model.ptr, p)
         if ptr == ffi.NULL:
             raise ContextError("llama.cpp could not create the context: " + ("; ".join(recent_errors()) or "unknown reason"))
-        self._ptr = ptr
+        self._adopt(ptr, model.rpc_endpoints)
         self._mem = lib.llama_get_memory(ptr)
         self.n_ctx = int(lib.llama_n_ctx(ptr))
         self.n_batch = int(lib.llama_n_batch(ptr))
@@ -114,33 +125,17 @@ class Context:
             self.set_nextn(True, masked=False)
 
     # -- lifetime ---------------------------------------------------------------------------
-    @property
-    def ptr(self):
-        if self._ptr == ffi.NULL:
-            raise ValueError("context is closed")
-        return self._ptr
-
-    def close(self) -> None:
-        if self._ptr != ffi.NULL and self._rpc and _rpc.retire_if_unreachable(self.model):
-            return  # its server is gone: leaked (freeing would abort), self is a LostRpcObject now
+    def _free(self, ptr: Any) -> None:
         if self._batch != ffi.NULL:
             lib.llama_batch_ext_free(self._batch)
             self._batch = ffi.NULL
-        if self._ptr != ffi.NULL:
-            lib.llama_free(self._ptr)
-            self._ptr = ffi.NULL
+        lib.llama_free(ptr)
 
-    def __del__(self) -> None:
-        try:
-            self.close()
-        except Exception:  # noqa: BLE001
-            pass
-
-    def __enter__(self) -> Context:
-        return self
-
-    def __exit__(self, *exc) -> None:
-        self.close()
+    @property
+    def _memory(self) -> Any:
+        """llama.cpp's memory of this context, refused once closed or lost."""
+        self._check_usable()
+        return self._mem
 
     # -- decoding ---------------------------------------------------------------------------
     def set_nextn(self, value: bool, *, masked: bool = False) -> None:
@@ -149,7 +144,9 @@ class Context:
         self._nextn = bool(value)
         self._nextn_masked = bool(masked)
 
-    def _fill(self, tokens, positions, seq_id: int, outputs) -> int:
+    def _fill(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray | None,
+              seq_id: int, outputs: OutputsSpec | Sequence[bool] | np.ndarray | None) -> int:
+        """Copy one batch into the preallocated input buffers, checking it; return its size."""
         n = len(tokens)
         if n == 0:
             raise ValueError("empty batch")
@@ -185,7 +182,7 @@ class Context:
         tokens: Sequence[int] | np.ndarray,
         positions: Sequence[int] | np.ndarray | None = None,
         seq_id: int = 0,
-        outputs: str | Sequence[bool] | np.ndarray | None = "last",
+        outputs: OutputsSpec | Sequence[bool] | np.ndarray | None = "last",
         *,
         embd: np.ndarray | None = None,
     ) -> np.ndarray:
@@ -195,6 +192,8 @@ class Context:
         "all", or one flag per token. The result is a zero-copy view valid until the next
         decode on this context.
         """
+        if self._ptr is None or self._lost is not None:
+            self._check_usable()  # closed or lost: raise before anything reaches C
         n = self._fill(tokens, positions, seq_id, outputs)
         e_ptr = ffi.NULL
         if embd is not None:
@@ -212,13 +211,15 @@ class Context:
         self.n_outputs = int(self._out[:n].sum())
         return self.logits()
 
-    def _process_sync(self, n: int, seq_id: int, e_ptr) -> int:
+    def _process_sync(self, n: int, seq_id: int, e_ptr: Any) -> int:
         rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
         lib.llama_synchronize(self._ptr)  # all of this decode's RPC traffic happens under the guard
         return rc
 
     def logits(self) -> np.ndarray:
         """Zero-copy view of the last decode's logits, (n_outputs, n_vocab) float32."""
+        if self._ptr is None or self._lost is not None:
+            self._check_usable()
         ptr = lib.llama_get_logits(self._ptr)
         if ptr == ffi.NULL or self.n_outputs == 0:
             return np.empty((0, self.n_vocab), dtype=np.float32)
@@ -263,10 +264,10 @@ class Context:
     # -- memory -----------------------------------------------------------------------------
     def pos_max(self, seq_id: int = 0) -> int:
         """Largest position held for `seq_id`, -1 when empty."""
-        return int(lib.llama_memory_seq_pos_max(self._mem, seq_id))
+        return int(lib.llama_memory_seq_pos_max(self._memory, seq_id))
 
     def pos_min(self, seq_id: int = 0) -> int:
-        return int(lib.llama_memory_seq_pos_min(self._mem, seq_id))
+        return int(lib.llama_memory_seq_pos_min(self._memory, seq_id))
 
     def seq_rm(self, seq_id: int = 0, p0: int = -1, p1: int = -1) -> bool:
         """Remove positions [p0, p1) of `seq_id` (-1 = open end). False if llama.cpp can't.
@@ -274,7 +275,7 @@ class Context:
         On recurrent/hybrid models a partial removal needs ``n_rs_seq`` >= the number of
         positions rolled back (the state snapshots it restores from).
         """
-        return bool(lib.llama_memory_seq_rm(self._mem, seq_id, p0, p1))
+        return bool(lib.llama_memory_seq_rm(self._memory, seq_id, p0, p1))
 
     def rollback(self, seq_id: int, keep_until: int) -> None:
         """Keep positions < keep_until of `seq_id`, dropping the rest (KV cells and recurrent state)."""
@@ -288,14 +289,14 @@ class Context:
             )
 
     def seq_cp(self, src: int, dst: int, p0: int = -1, p1: int = -1) -> None:
-        lib.llama_memory_seq_cp(self._mem, src, dst, p0, p1)
+        lib.llama_memory_seq_cp(self._memory, src, dst, p0, p1)
 
     def seq_keep(self, seq_id: int) -> None:
-        lib.llama_memory_seq_keep(self._mem, seq_id)
+        lib.llama_memory_seq_keep(self._memory, seq_id)
 
     def clear(self) -> None:
         """Forget every sequence (KV cells and recurrent state)."""
-        lib.llama_memory_clear(self._mem, True)
+        lib.llama_memory_clear(self._memory, True)
 
     # -- state ------------------------------------------------------------------------------
     def save_state(self) -> bytes:
@@ -322,7 +323,7 @@ class MtpContext(Context):
 
     _ctx_type = lib.LLAMA_CONTEXT_TYPE_MTP
 
-    def __init__(self, model: Model, **kwargs) -> None:
+    def __init__(self, model: Model, **kwargs: Any) -> None:
         if not model.load_mtp:
             raise ValueError("the model was loaded without its MTP head: use Model(..., load_mtp=True)")
         if model.n_layer_nextn <= 0:

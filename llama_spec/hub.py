@@ -27,12 +27,13 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .errors import LlamaSpecError
+from .env import env_flag
+from .errors import HubError, ModelNotCachedError
 
 __all__ = [
     "HubError",
     "ModelNotCachedError",
-    "from_pretrained",
+    "download_gguf",
     "hf_cache_dir",
     "is_offline",
     "list_gguf_files",
@@ -44,22 +45,6 @@ __all__ = [
 DEFAULT_QUANT = "Q4_K_M"
 _SHARD_RE = re.compile(r"-(\d{5})-of-(\d{5})\.gguf$", re.IGNORECASE)
 _HEX40 = re.compile(r"^[0-9a-f]{40}$")
-_TRUE = {"1", "true", "yes", "on"}
-
-
-class HubError(LlamaSpecError):
-    """A model could not be found or fetched from the Hugging Face hub."""
-
-
-class ModelNotCachedError(HubError):
-    """Offline (or the hub unreachable) and the requested file is not in the local cache."""
-
-    def __init__(self, repo_id: str, filename: str, cache_dir: Path, reason: str | None = None) -> None:
-        why = reason or "HF_HUB_OFFLINE=1"
-        super().__init__(f"{why} and {repo_id}/{filename} is not in the cache ({cache_dir})")
-        self.repo_id = repo_id
-        self.filename = filename
-        self.cache_dir = cache_dir
 
 
 # ----------------------------------------------------------------------------- environment
@@ -68,7 +53,7 @@ class ModelNotCachedError(HubError):
 def is_offline() -> bool:
     """``HF_HUB_OFFLINE`` (or ``TRANSFORMERS_OFFLINE``) set now, or at huggingface_hub's import."""
     for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE"):
-        if os.environ.get(var, "").strip().lower() in _TRUE:
+        if env_flag(var, False):
             return True
     try:
         from huggingface_hub import constants
@@ -78,7 +63,7 @@ def is_offline() -> bool:
         return False
 
 
-def hf_cache_dir(cache_dir: os.PathLike | str | None = None) -> Path:
+def hf_cache_dir(cache_dir: os.PathLike[str] | str | None = None) -> Path:
     """The hub cache: explicit > ``HF_HUB_CACHE`` > ``HUGGINGFACE_HUB_CACHE`` > ``$HF_HOME/hub``."""
     if cache_dir is not None:
         return Path(cache_dir).expanduser()
@@ -198,7 +183,7 @@ def _cached_files(snapshot: Path) -> list[str]:
 
 
 def list_gguf_files(repo_id: str, *, revision: str | None = None,
-                    cache_dir: os.PathLike | str | None = None) -> tuple[list[str], str]:
+                    cache_dir: os.PathLike[str] | str | None = None) -> tuple[list[str], str]:
     """The repository's files and where the list came from (``"hub"`` or ``"cache"``).
 
     Offline, or when the hub cannot be reached, the cached snapshot is listed instead; with no
@@ -266,7 +251,7 @@ def _display(want: str | None) -> str:
 
 
 def _fetch(repo_id: str, want: str | None, *, revision: str | None,
-           cache_dir: os.PathLike | str | None) -> Path:
+           cache_dir: os.PathLike[str] | str | None) -> Path:
     cache = hf_cache_dir(cache_dir)
     offline = is_offline()
     try:
@@ -289,21 +274,19 @@ def _fetch(repo_id: str, want: str | None, *, revision: str | None,
 # ----------------------------------------------------------------------------- public API
 
 
-def resolve_hf(spec: str, *, revision: str | None = None, cache_dir: os.PathLike | str | None = None) -> Path:
+def resolve_hf(spec: str, *, revision: str | None = None, cache_dir: os.PathLike[str] | str | None = None) -> Path:
     """``-hf owner/name[:quant]`` -> the local path of the GGUF file (downloaded if needed)."""
     repo_id, quant = parse_hf_spec(spec)
     return _fetch(repo_id, quant, revision=revision, cache_dir=cache_dir)
 
 
-def from_pretrained(repo_id: str, filename: str | None = None, *, revision: str | None = None,
-                    cache_dir: os.PathLike | str | None = None, **model_kwargs):
-    """Load a GGUF from a Hugging Face repository: ``from_pretrained(repo, "*q4_k_m.gguf")``.
+def download_gguf(repo_id: str, filename: str | None = None, *, revision: str | None = None,
+                  cache_dir: os.PathLike[str] | str | None = None) -> Path:
+    """The local path of a GGUF from a Hugging Face repository (downloaded if needed).
 
-    ``filename`` is a pattern, a quant tag or a file name (see the module docs); extra keyword
-    arguments go to :class:`llama_spec.Model` (``n_gpu_layers``, ``split_mode``, ...).
+    ``filename`` is a pattern, a quant tag or a file name (see the module docs); a split model
+    is fetched whole and its first shard returned. :meth:`llama_spec.Model.from_pretrained`
+    loads it.
     """
-    from .model import Model
-
     parse_hf_spec(repo_id)  # validates the owner/name shape
-    path = _fetch(repo_id.strip(), filename, revision=revision, cache_dir=cache_dir)
-    return Model(path, **model_kwargs)
+    return _fetch(repo_id.strip(), filename, revision=revision, cache_dir=cache_dir)

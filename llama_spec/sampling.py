@@ -21,14 +21,18 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
 from ._ffi import ffi, lib
 from .model import Model
 
+__all__ = ["DEFAULT_SEED", "TOKEN_DATA", "CandidateBuffers", "ReasoningBudget", "SamplerParams", "TargetSampler",
+           "build_chain"]
+
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
-_TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data
+TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data, as numpy
 
 
 @dataclass(frozen=True)
@@ -80,8 +84,49 @@ class SamplerParams:
     def greedy(self) -> bool:
         return self.temp <= 0.0
 
-    def replace(self, **changes) -> SamplerParams:
+    def replace(self, **changes: Any) -> SamplerParams:
+        """A copy with `changes` applied (checked again)."""
         return dataclasses.replace(self, **changes)
+
+
+class CandidateBuffers:
+    """Preallocated full-vocabulary buffers a sampler chain works on, and p read out of them.
+
+    ``cand`` is a numpy view (dtype TOKEN_DATA, shape (n_vocab,)) of the llama_token_data array
+    that ``cur`` points at; :meth:`probs` returns views of ``ids``/``probs``, valid until the
+    next fill. Shared by the target sampler and the drafter's mirror sampler.
+    """
+
+    def __init__(self, n_vocab: int) -> None:
+        self.n_vocab = int(n_vocab)
+        self.buf = ffi.new("llama_token_data[]", self.n_vocab)
+        self.cand = np.frombuffer(ffi.buffer(self.buf), dtype=TOKEN_DATA)
+        self.cur = ffi.new("llama_token_data_array *")
+        self.ids = np.zeros(self.n_vocab, dtype=np.int32)
+        self.probs = np.zeros(self.n_vocab, dtype=np.float32)
+        self._ids_p = ffi.cast("int32_t *", self.ids.ctypes.data)
+        self._probs_p = ffi.cast("float *", self.probs.ctypes.data)
+
+    def fill(self, row: np.ndarray, top_k: int = 0) -> Any:
+        """Candidates of one contiguous float32 logits row (n_vocab,), cut to its `top_k`
+        largest when top_k > 0 (only valid when nothing before top-k edits logits); returns cur."""
+        ptr = ffi.cast("float *", row.ctypes.data)
+        if top_k > 0:
+            lib.lsp_candidates_init_top_k(ptr, self.n_vocab, top_k, self.buf, self.cur)
+        else:
+            lib.lsp_candidates_init(ptr, self.n_vocab, self.buf, self.cur)
+        return self.cur
+
+    def probs_view(self) -> tuple[np.ndarray, np.ndarray]:
+        """Softmax over the current candidates: (ids int32, probs float32) views, (n,) each."""
+        n = lib.lsp_candidates_probs(self.cur, self._ids_p, self._probs_p)
+        return self.ids[:n], self.probs[:n]
+
+    def one_hot(self, token: int) -> tuple[np.ndarray, np.ndarray]:
+        """p one-hot on `token` (the greedy p), as views of length 1."""
+        self.ids[0] = token
+        self.probs[0] = 1.0
+        return self.ids[:1], self.probs[:1]
 
 
 class ReasoningBudget:
@@ -154,8 +199,12 @@ def _edits_logits(params: SamplerParams) -> bool:
     return bool(params.logit_bias) or _penalties_on(params) or params.dry_multiplier > 0
 
 
-def _chain(params: SamplerParams, model: Model, *, with_dist: bool):
-    """Build llama.cpp's sampler chain for `params` (common/sampling.cpp's default order)."""
+def build_chain(params: SamplerParams, model: Model, *, with_dist: bool) -> tuple[Any, list[Any]]:
+    """llama.cpp's sampler chain for `params` (common/sampling.cpp's default order).
+
+    Returns (chain pointer, cffi objects that must live as long as the chain); the caller
+    frees the chain (llama_sampler_free). Without `with_dist` the chain stops before dist.
+    """
     cp = lib.llama_sampler_chain_default_params()
     cp.no_perf = True
     ch = lib.llama_sampler_chain_init(cp)
@@ -211,7 +260,7 @@ class TargetSampler:
         self.n_vocab = model.n_vocab
         if _clone_from is None:
             # One chain with dist at the end; `candidates` runs all members but the last.
-            ch, self._keep = _chain(self.params, model, with_dist=True)
+            ch, self._keep = build_chain(self.params, model, with_dist=True)
             self._chain = ffi.gc(ch, lib.llama_sampler_free)
             self.budget = reasoning_budget
             g = ffi.NULL
@@ -237,14 +286,7 @@ class TargetSampler:
         self._argmax_only = plain_chain and self.params.greedy and self._n_chain == 1
         self._prefilter_k = (self.params.top_k if plain_chain and not self.params.greedy
                              and self.params.top_n_sigma <= 0 and 0 < self.params.top_k < self.n_vocab else 0)
-        # Preallocated candidate buffers (full vocabulary) and p output arrays.
-        self._buf = ffi.new("llama_token_data[]", self.n_vocab)
-        self._cand = np.frombuffer(ffi.buffer(self._buf), dtype=_TOKEN_DATA)
-        self._cur = ffi.new("llama_token_data_array *")
-        self._ids = np.zeros(self.n_vocab, dtype=np.int32)
-        self._probs = np.zeros(self.n_vocab, dtype=np.float32)
-        self._ids_p = ffi.cast("int32_t *", self._ids.ctypes.data)
-        self._probs_p = ffi.cast("float *", self._probs.ctypes.data)
+        self._cb = CandidateBuffers(self.n_vocab)  # preallocated: nothing allocated per position
         self.n_accept_calls = 0
 
     @property
@@ -270,41 +312,36 @@ class TargetSampler:
             raise ValueError(f"logits row must be float32 of width {self.n_vocab}")
         return np.ascontiguousarray(logits_row)
 
-    def _prepare(self, logits_row: np.ndarray):
+    def _prepare(self, logits_row: np.ndarray) -> Any:
+        """Candidates of the row after the budget and the grammar (before the chain)."""
         row = self._check_row(logits_row)
         if self._prefilter_k:
-            lib.lsp_candidates_init_top_k(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._prefilter_k,
-                                          self._buf, self._cur)
-            return self._cur
-        lib.lsp_candidates_init(ffi.cast("float *", row.ctypes.data), self.n_vocab, self._buf, self._cur)
+            return self._cb.fill(row, self._prefilter_k)
+        cur = self._cb.fill(row)
         if self.budget is not None:
-            lib.llama_sampler_apply(self.budget._ptr, self._cur)
+            lib.llama_sampler_apply(self.budget._ptr, cur)
         if self._grammar != ffi.NULL:
-            lib.llama_sampler_apply(self._grammar, self._cur)
-        return self._cur
+            lib.llama_sampler_apply(self._grammar, cur)
+        return cur
 
-    def _truncate(self, logits_row: np.ndarray):
+    def _truncate(self, logits_row: np.ndarray) -> Any:
         """Budget, grammar, then every chain member but the final dist/greedy."""
         cur = self._prepare(logits_row)
         for i in range(self._n_chain - 1):
             lib.llama_sampler_apply(self._members[i], cur)
         return cur
 
-    def _p(self, cur) -> tuple[np.ndarray, np.ndarray]:
+    def _p(self, cur: Any) -> tuple[np.ndarray, np.ndarray]:
         if self.greedy:
             # p is one-hot on the argmax logit (first index on ties, as llama.cpp's greedy sampler;
             # the greedy chain's members edit logits in place and never reorder).
-            j = int(np.argmax(self._cand["logit"][: cur.size]))
-            self._ids[0] = self._cand["id"][j]
-            self._probs[0] = 1.0
-            return self._ids[:1], self._probs[:1]
-        n = lib.lsp_candidates_probs(cur, self._ids_p, self._probs_p)
-        return self._ids[:n], self._probs[:n]
+            cand = self._cb.cand
+            j = int(np.argmax(cand["logit"][: cur.size]))
+            return self._cb.one_hot(int(cand["id"][j]))
+        return self._cb.probs_view()
 
     def _argmax(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-        self._ids[0] = int(np.argmax(self._check_row(logits_row)))  # first index on ties, like greedy
-        self._probs[0] = 1.0
-        return self._ids[:1], self._probs[:1]
+        return self._cb.one_hot(int(np.argmax(self._check_row(logits_row))))  # first index on ties, like greedy
 
     def candidates(self, logits_row: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """p after the chain, without dist: (ids, probs) views, valid until the next call."""

@@ -415,13 +415,14 @@ def offline_hub(tmp_path, monkeypatch, smollm_path):
 
 
 def test_hf_offline_cached_model_loads(offline_hub):
-    from llama_spec.hub import from_pretrained, resolve_hf
+    from llama_spec import Model
+    from llama_spec.hub import resolve_hf
 
     p = resolve_hf("someone/SmolLM2-135M-Instruct-GGUF:q4_1")
     assert p.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and p.is_file()
     assert str(p).startswith(str(offline_hub))
     assert resolve_hf("someone/SmolLM2-135M-Instruct-GGUF") == p  # no Q4_K_M: the first GGUF
-    m = from_pretrained("someone/SmolLM2-135M-Instruct-GGUF", "*q4_1.gguf", vocab_only=True)
+    m = Model.from_pretrained("someone/SmolLM2-135M-Instruct-GGUF", "*q4_1.gguf", vocab_only=True)
     try:
         assert m.n_vocab == 49152 and m.path == p
     finally:
@@ -440,14 +441,15 @@ def test_cli_chat_hf_from_offline_cache(offline_hub, capsys):
 
 def test_hf_offline_uncached_is_a_one_line_error(offline_hub, capsys):
     from llama_spec import cli
-    from llama_spec.hub import ModelNotCachedError, from_pretrained, resolve_hf
+    from llama_spec import Model
+    from llama_spec.hub import ModelNotCachedError, resolve_hf
 
     with pytest.raises(ModelNotCachedError) as ei:
         resolve_hf("nobody/Missing-GGUF:Q4_K_M")
     msg = str(ei.value)
     assert msg == f"HF_HUB_OFFLINE=1 and nobody/Missing-GGUF/*Q4_K_M*.gguf is not in the cache ({offline_hub})"
     with pytest.raises(ModelNotCachedError, match=r"someone/SmolLM2-135M-Instruct-GGUF/\*q8_0\.gguf is not in"):
-        from_pretrained("someone/SmolLM2-135M-Instruct-GGUF", "*q8_0.gguf")
+        Model.from_pretrained("someone/SmolLM2-135M-Instruct-GGUF", "*q8_0.gguf")
 
     rc = cli.main(["chat", "-m", "unused", "-hf", "nobody/Missing-GGUF:Q4_K_M", "-p", "hi"])
     err = capsys.readouterr().err.strip().splitlines()

@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 
 from .._ffi import ffi, lib
-from ..sampling import _TOKEN_DATA, SamplerParams, _chain
+from ..sampling import CandidateBuffers, SamplerParams, build_chain
 from .base import TOPK_WIDTH, Proposal
 
 TOP_K_MIN, TOP_K_MAX = 2, 64
@@ -49,13 +49,7 @@ class MirrorSampler:
         self._rng = np.random.default_rng(seed)
         self._knobs: tuple | None = None
         self._chain = ffi.NULL
-        self._buf = ffi.new("llama_token_data[]", n_vocab)
-        self._cand = np.frombuffer(ffi.buffer(self._buf), dtype=_TOKEN_DATA)
-        self._cur = ffi.new("llama_token_data_array *")
-        self._ids = np.zeros(n_vocab, dtype=np.int32)
-        self._probs = np.zeros(n_vocab, dtype=np.float32)
-        self._ids_p = ffi.cast("int32_t *", self._ids.ctypes.data)
-        self._probs_p = ffi.cast("float *", self._probs.ctypes.data)
+        self._cb = CandidateBuffers(n_vocab)
         self.params: SamplerParams | None = None
         self.n_rebuilds = 0
 
@@ -64,7 +58,7 @@ class MirrorSampler:
         if k == self._knobs:
             return
         self.params = mirror_params(target)
-        ch, self._keep = _chain(self.params, self.model, with_dist=False)
+        ch, self._keep = build_chain(self.params, self.model, with_dist=False)
         self._chain = ffi.gc(ch, lib.llama_sampler_free)
         self._knobs = k
         self.n_rebuilds += 1
@@ -90,11 +84,8 @@ class MirrorSampler:
         # top-k is the chain's first cut unless top-n-sigma runs (it needs the whole row):
         # start from the k largest logits instead of the full vocabulary (see _shim.h).
         k = self.params.top_k if self.params.top_n_sigma <= 0 else 0
-        lib.lsp_candidates_init_top_k(ffi.cast("float *", row.ctypes.data), self.n_vocab, k, self._buf, self._cur)
-        lib.llama_sampler_apply(self._chain, self._cur)
-        n = lib.lsp_candidates_probs(self._cur, self._ids_p, self._probs_p)
-        ids = self._ids[:n].copy()
-        probs = self._probs[:n].copy()
+        lib.llama_sampler_apply(self._chain, self._cb.fill(row, k))
+        ids, probs = (a.copy() for a in self._cb.probs_view())
         keep = probs > 0
         if not keep.all():
             ids, probs = ids[keep], probs[keep]
