@@ -26,7 +26,7 @@ httpx = pytest.importorskip("httpx")
 
 API_KEY = "test-key-123"
 N_CTX = 384
-THREADS = 2
+THREADS = 1  # on an oversubscribed 2-core machine one thread per context is faster
 
 
 class _Server:
@@ -199,6 +199,26 @@ def test_prompt_too_long_names_both_numbers(server, smollm):
     assert str(n) in err["message"] and str(n_ctx) in err["message"]
 
 
+def test_bad_request_inside_the_worker_disturbs_no_one(server, solo):
+    """A grammar llama.cpp cannot parse fails when its sequence starts (in the worker): 400 for it,
+    the stream running next to it completes unchanged."""
+    prompt = "Here are some facts about rivers:"
+    ref = solo(prompt, 16, ignore_eos=True).text
+    c = server.client()
+
+    def good() -> str:
+        s = c.completions.create(model="smollm", prompt=prompt, max_tokens=16, temperature=0, stream=True,
+                                 extra_body={"ignore_eos": True})
+        return "".join(ch.choices[0].text for ch in s if ch.choices)
+
+    with ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(good)
+        with pytest.raises(openai.BadRequestError) as e:
+            c.completions.create(model="smollm", prompt="Hi", max_tokens=4, extra_body={"grammar": "root ::= ("})
+        assert "grammar" in e.value.message
+        assert fut.result(timeout=120) == ref
+
+
 def test_api_key(server):
     for path in ("/v1/models", "/v1/chat/completions"):
         r = httpx.request("GET" if "models" in path else "POST", server.url + path, json={}, timeout=10)
@@ -269,6 +289,7 @@ def test_load_eight_clients_three_disconnect(server, solo):
     n_tok = 16
     refs = [solo(p, n_tok, ignore_eos=True).text for p in prompts]
     drop = {1, 4, 6}
+    failed0, cancelled0 = server.engine.failed, server.engine.cancelled
 
     def client(i: int):
         c = server.client(timeout=120)
@@ -291,7 +312,9 @@ def test_load_eight_clients_three_disconnect(server, solo):
         else:
             assert out[i] == refs[i] and refs[i].strip(), i
     server.wait_idle(timeout=10)
-    assert server.engine.failed == 0 and server.engine.cancelled >= len(drop)
+    assert server.engine.failed == failed0
+    # a client that leaves after its last token may find its sequence already done: not a cancel
+    assert 1 <= server.engine.cancelled - cancelled0 <= len(drop)
     # no slot leaked: both slots still serve
     c = server.client()
     with ThreadPoolExecutor(2) as ex:

@@ -108,7 +108,7 @@ class _Api:
         if self.cfg.speculative_mode == "none":
             rule = "none"
         else:
-            rule = getattr(res, "rule", None) or ("token" if res.spec_draft_sample else "exact-match")
+            rule = getattr(res, "verify", None) or ("token" if res.spec_draft_sample else "exact-match")
         return {"drafted": st.drafted, "accepted": st.accepted, "rule": rule, "mode": self.cfg.speculative_mode,
                 "verifications": st.verifications, "acceptance_rate": st.acceptance_rate,
                 "mean_accepted_length": st.mean_accepted_length, "decode_tps": st.decode_tps}

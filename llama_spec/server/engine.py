@@ -139,7 +139,8 @@ class SerialBatchAdapter:
         kw: dict[str, Any] = dict(sampling=req.sampling, n_predict=req.n_predict, seed=req.seed,
                                   stop=tuple(req.stop), n_max=req.n_max, ignore_eos=req.ignore_eos)
         if "verify" in self._params:
-            kw["verify"] = req.verify
+            if req.verify is not None:
+                kw["verify"] = req.verify
         elif req.verify is not None:
             kw["spec_draft_sample"] = req.verify != "exact-match"
         out: list[GenerationResult] = []
@@ -149,19 +150,19 @@ class SerialBatchAdapter:
         """Advance the oldest sequence by one token (and its result when it ends)."""
         if not self._slots:
             return []
-        if self._active is None:
-            rid, req = next(iter(self._slots.items()))
-            self._start(rid, req)
-        assert self._active is not None
-        rid, it, out = self._active
+        rid = next(iter(self._slots)) if self._active is None else self._active[0]
         try:
-            ev = next(it, None)
+            if self._active is None:
+                self._start(rid, self._slots[rid])
+            assert self._active is not None
+            ev = next(self._active[1], None)
         except Exception as e:  # noqa: BLE001 - one request's failure must not take the server down
             self._active = None
             self._slots.pop(rid, None)
             raise SequenceError(rid, e) from e
         if ev is not None:
             return [(rid, ev)]
+        out = self._active[2]
         self._active = None
         self._slots.pop(rid, None)
         return [(rid, out[0])]
