@@ -328,7 +328,7 @@ def test_cli_serve_sigterm_stops_cleanly(smollm_path):
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
-    cmd = [sys.executable, "-m", "llama_spec.cli_serve", "-m", str(smollm_path), "-nr", "-c", "256", "-np", "1",
+    cmd = [sys.executable, "-m", "llama_spec", "serve", "-m", str(smollm_path), "-nr", "-c", "256", "-np", "1",
            "-t", str(THREADS), "--port", str(port)]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:

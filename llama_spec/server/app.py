@@ -208,7 +208,7 @@ class _Api:
             return {"id": cid, "object": "text_completion", "created": created, "model": self.cfg.model_name,
                     "choices": [{"text": text, "index": 0, "logprobs": None, "finish_reason": finish}]}
 
-        hold = chat_api._StopHold(req.stop)
+        hold = chat_api.StopHold(req.stop)
         async for kind, item in self.items(h, first):
             if kind == "event":
                 safe = hold.feed(item.text) if item.text else ""
@@ -258,8 +258,8 @@ class _Api:
         def deltas(parts: list[tuple[str, str]]) -> list[dict]:
             return [chunk(**{"reasoning_content" if k == "reasoning" else "content": t}) for k, t in parts if t]
 
-        hold = chat_api._StopHold(req.stop)
-        split = (chat_api._ThinkSplitter(prep.started_inside, *prep.tags) if prep.has_thinking else None)
+        hold = chat_api.StopHold(req.stop)
+        split = (chat_api.ThinkSplitter(prep.started_inside, *prep.tags) if prep.has_thinking else None)
         yield chunk(role="assistant", content="")
         async for kind, item in self.items(h, first):
             if kind == "event":

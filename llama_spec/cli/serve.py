@@ -20,7 +20,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["add_serve_parser", "build_engine", "cmd_serve", "main"]
+from .args import DEFAULT_N_MAX, add_model_args
+
+__all__ = ["add_parser", "add_serve_parser", "build_engine", "cmd_serve", "run"]
 
 log = logging.getLogger("llama_spec.server")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -28,41 +30,38 @@ _LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     """Add the ``serve`` command to an argparse subparsers object."""
-    s = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (loopback by default)")
-    _add_args(s)
-    s.set_defaults(func=cmd_serve)
-    return s
-
-
-def _add_args(s: argparse.ArgumentParser) -> None:
-    s.add_argument("-m", "--model", required=True, help="GGUF path or a test model name")
+    s: argparse.ArgumentParser = subparsers.add_parser("serve", help="OpenAI-compatible HTTP server (loopback by default)",
+                              description="-c/--ctx-size is the context of ONE slot here (llama-server divides "
+                                          "its -c among the slots).")
+    add_model_args(s)
     s.add_argument("-md", "--model-draft", default=None, help="draft model (draft-simple)")
     s.add_argument("--spec-type", default=None, choices=["none", "draft-simple", "draft-mtp"],
                    help="default: draft-simple with -md, else none")
-    s.add_argument("--spec-draft-n-max", type=int, default=3, help="draft tokens per verification (1-64)")
+    s.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_MAX, help="draft tokens per verification (1-64)")
     s.add_argument("-np", "--parallel", type=int, default=4, help="slots (sequences decoded together)")
     s.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot (then 503)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env LLAMA_API_KEY)")
-    s.add_argument("-c", "--ctx-size", type=int, default=4096, help="context of one slot (tokens)")
-    s.add_argument("-b", "--batch-size", type=int, default=512)
-    s.add_argument("-t", "--threads", type=int, default=None)
-    s.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1)
     s.add_argument("-nr", "--no-repack", action="store_true", help="no CPU weight repacking (batch = solo, bitwise)")
     s.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
     s.add_argument("--chat-template-file", default=None, help="jinja template instead of the GGUF's")
     s.add_argument("--timeout-graceful", type=float, default=5.0, help="seconds open streams get at shutdown")
-    s.add_argument("-v", "--verbose", action="count", default=0)
+    s.set_defaults(func=cmd_serve)
+    return s
+
+
+add_parser = add_serve_parser  # the cli package's command-module convention
 
 
 def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], None]], str]:
     """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
-    from .drafters.draft_model import DraftModelDrafter
-    from .drafters.mtp import MtpDrafter
-    from .model import Model
-    from .server.engine import SerialBatchAdapter, ServerEngine
-    from .testing.models import resolve_model
+    from ..drafters.draft_model import DraftModelDrafter
+    from ..drafters.mtp import MtpDrafter
+    from ..model import Model
+    from ..models_registry import resolve_model
+    from ..server.engine import SerialBatchAdapter, ServerEngine
+    from .build import load_model
 
     mode = ns.spec_type or ("draft-simple" if ns.model_draft else "none")
     if mode == "draft-simple" and not ns.model_draft:
@@ -70,12 +69,11 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
     if ns.parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {ns.parallel}")
     closers: list[Callable[[], None]] = []
-    kw = dict(n_gpu_layers=ns.n_gpu_layers, repack=not ns.no_repack)
-    target = Model(resolve_model(ns.model), load_mtp=mode == "draft-mtp", **kw)
+    target = load_model(ns, load_mtp=mode == "draft-mtp")
     closers.append(target.close)
     factory: Callable[[], Any] | None = None
     if mode == "draft-simple":
-        dmodel = Model(resolve_model(ns.model_draft), **kw)
+        dmodel = Model(resolve_model(ns.model_draft), n_gpu_layers=ns.n_gpu_layers, repack=not ns.no_repack)
         closers.insert(0, dmodel.close)
         factory = lambda: DraftModelDrafter(dmodel, n_ctx=ns.ctx_size, n_threads=ns.threads)  # noqa: E731
     elif mode == "draft-mtp":
@@ -100,7 +98,7 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     """Load, start the worker, run uvicorn until Ctrl-C/SIGTERM, then stop and free everything."""
     import uvicorn
 
-    from .server.app import ServerConfig, create_app
+    from ..server.app import ServerConfig, create_app
 
     api_key = ns.api_key or os.environ.get("LLAMA_API_KEY") or None
     if ns.host not in _LOOPBACK:
@@ -138,19 +136,4 @@ def _main_thread() -> bool:
     return threading.current_thread() is threading.main_thread()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """``python -m llama_spec.cli_serve ...`` (the same as ``llama-spec serve ...``)."""
-    ap = argparse.ArgumentParser(prog="llama-spec serve")
-    _add_args(ap)
-    ns = ap.parse_args(argv)
-    logging.basicConfig(stream=sys.stderr, level=logging.INFO if ns.verbose else logging.WARNING,
-                        format="%(levelname)s %(name)s: %(message)s")
-    try:
-        return cmd_serve(ns)
-    except (ValueError, OSError) as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
+run = cmd_serve
