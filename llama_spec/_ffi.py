@@ -51,7 +51,7 @@ _LEVELS = {
     lib.GGML_LOG_LEVEL_ERROR: logging.ERROR,
 }
 
-_recent = collections.deque(maxlen=32)  # recent warning/error lines, for error messages
+_recent: collections.deque[str] = collections.deque(maxlen=32)  # recent warning/error lines, for error messages
 _partial: list[str] = []
 _partial_level = [logging.INFO]
 _lock = threading.Lock()

@@ -84,7 +84,7 @@ def rpc_endpoint_of(name: str) -> str | None:
     reg = lib.ggml_backend_dev_backend_reg(dev)
     if reg == ffi.NULL or ffi.string(lib.ggml_backend_reg_name(reg)).decode() != "RPC":
         return None
-    return ffi.string(lib.ggml_backend_dev_description(dev)).decode()
+    return str(ffi.string(lib.ggml_backend_dev_description(dev)).decode())
 
 
 def local_offload_devices() -> list[str]:
@@ -214,7 +214,7 @@ def place_model(*, split_mode: SplitMode = "layer", tensor_split: Sequence[float
     if dev_names is not None:
         for n in dev_names:
             device_handle(n)  # unknown names fail here, with the known ones listed
-        endpoints = tuple(dict.fromkeys(ep for n in dev_names if (ep := rpc_endpoint_of(n)) is not None))
+        endpoints = tuple(dict.fromkeys(e for n in dev_names if (e := rpc_endpoint_of(n)) is not None))
     n_dev = len(dev_names) if dev_names is not None else _n_offload_devices()
     if ts is not None and len(ts) > max(n_dev, 1):
         raise ValueError(

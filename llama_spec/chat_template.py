@@ -69,7 +69,7 @@ def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None,
             separators: Sequence[str] | None = None, sort_keys: bool = False) -> str:
     """Hugging Face's ``tojson``: plain ``json.dumps`` (jinja2's own escapes <, >, & and ')."""
     return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent,
-                      separators=tuple(separators) if separators is not None else None,
+                      separators=(separators[0], separators[1]) if separators is not None else None,
                       sort_keys=sort_keys, default=_json_default)
 
 
@@ -95,7 +95,7 @@ class _Sandbox(ImmutableSandboxedEnvironment):
             f"access to attribute {attribute!r} of {type(obj).__name__!r} object is unsafe"
         )
 
-    def call_binop(self, context, operator: str, left: Any, right: Any) -> Any:
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
         if operator == "*":
             for seq, n in ((left, right), (right, left)):
                 if isinstance(seq, (str, bytes, list, tuple)) and isinstance(n, int) and not isinstance(n, bool):

@@ -254,7 +254,7 @@ class Context(NativeHandle):
         start = self.pos_max(seq_id) + 1 if start_pos is None else int(start_pos)
         if start + len(toks) > self.n_ctx:
             raise ValueError(f"prompt of {len(toks)} tokens from position {start} does not fit n_ctx={self.n_ctx}")
-        logits = None
+        logits = np.empty((0, self.n_vocab), dtype=np.float32)
         for off in range(0, len(toks), self.n_batch):
             chunk = toks[off : off + self.n_batch]
             pos = np.arange(start + off, start + off + len(chunk), dtype=np.int32)

@@ -9,6 +9,7 @@ for callers that catch the builtin.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 
 class LlamaSpecError(Exception):
@@ -90,7 +91,7 @@ class RequestError(LlamaSpecError, ValueError):
         self.code = code
         self.type = type
 
-    def body(self) -> dict:
+    def body(self) -> dict[str, Any]:
         """OpenAI's error shape."""
         return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
 

@@ -52,8 +52,9 @@ def perplexity(model: Model, text: str, *, n_ctx: int = 512, n_chunks: int = -1,
     try:
         for i in it:
             chunk = tokens[i * n_ctx : (i + 1) * n_ctx].copy()
-            if model.add_bos:
-                chunk[0] = model.token_bos
+            bos = model.token_bos
+            if model.add_bos and bos is not None:
+                chunk[0] = bos
             ctx.clear()
             logits = ctx.decode(chunk, np.arange(n_ctx, dtype=np.int32), 0, outputs)
             # rows first..n_ctx-2 predict tokens first+1..n_ctx-1 (the last row predicts nothing)

@@ -227,11 +227,8 @@ def _one_line(e: BaseException) -> str:
 def _download(repo_id: str, filename: str, *, revision: str | None, cache: Path, offline: bool,
               reason: str) -> Path:
     from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import LocalEntryNotFoundError  # huggingface_hub >= 0.23
 
-    try:
-        from huggingface_hub.errors import LocalEntryNotFoundError
-    except ImportError:  # pragma: no cover
-        LocalEntryNotFoundError = FileNotFoundError  # noqa: N806
     try:
         return Path(hf_hub_download(repo_id, filename, revision=revision, cache_dir=cache,
                                     local_files_only=offline))

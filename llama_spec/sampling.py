@@ -151,9 +151,9 @@ class ReasoningBudget:
                 model._check_token(t)
         self.model = model
         self.budget = int(budget)
-        self._keep = []
+        self._keep: list[Any] = []  # cffi arrays the sampler reads: alive as long as it
 
-        def flat(seqs):
+        def flat(seqs: Sequence[Sequence[int]]) -> tuple[Any, Any, int]:
             toks = [int(t) for s in seqs for t in s]
             lens = [len(s) for s in seqs]
             a = ffi.new("int32_t[]", toks or [0])
@@ -171,7 +171,7 @@ class ReasoningBudget:
         self._ptr = ffi.gc(ptr, lib.llama_sampler_free)
 
     @classmethod
-    def _wrap(cls, model: Model, ptr, budget: int) -> ReasoningBudget:
+    def _wrap(cls, model: Model, ptr: Any, budget: int) -> ReasoningBudget:
         obj = cls.__new__(cls)
         obj.model, obj.budget, obj._keep = model, budget, []
         obj._ptr = ffi.gc(ptr, lib.llama_sampler_free)
@@ -208,9 +208,12 @@ def build_chain(params: SamplerParams, model: Model, *, with_dist: bool) -> tupl
     cp = lib.llama_sampler_chain_default_params()
     cp.no_perf = True
     ch = lib.llama_sampler_chain_init(cp)
-    add = lambda s: lib.llama_sampler_chain_add(ch, s)  # noqa: E731
+
+    def add(s: Any) -> None:
+        lib.llama_sampler_chain_add(ch, s)
+
     n_vocab = model.n_vocab
-    keep = []
+    keep: list[Any] = []
     if params.logit_bias:
         arr = ffi.new("llama_logit_bias[]", [(int(t), float(b)) for t, b in params.logit_bias])
         keep.append(arr)
@@ -291,7 +294,7 @@ class TargetSampler:
 
     @property
     def has_grammar(self) -> bool:
-        return self._grammar != ffi.NULL
+        return bool(self._grammar != ffi.NULL)
 
     @property
     def greedy(self) -> bool:

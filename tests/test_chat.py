@@ -139,7 +139,7 @@ def test_split_thinking(text, inside, expected):
 def test_split_thinking_incremental_equals_whole():
     import random
 
-    from llama_spec.chat_api import _ThinkSplitter, split_thinking
+    from llama_spec.chat_api import ThinkSplitter, split_thinking
 
     rng = random.Random(0)
     texts = ["<think>\n a \n\n b </think>\n\n c \n", "x </thi", "  <thi", "<think></think>", "a\n</think>b</think>c"]
@@ -147,7 +147,7 @@ def test_split_thinking_incremental_equals_whole():
         for inside in (False, True):
             want = split_thinking(text, inside)
             for _ in range(100):
-                sp, parts, i = _ThinkSplitter(inside), [], 0
+                sp, parts, i = ThinkSplitter(inside), [], 0
                 while i < len(text):
                     j = i + rng.randint(1, 3)
                     parts += sp.feed(text[i:j])
@@ -159,12 +159,12 @@ def test_split_thinking_incremental_equals_whole():
 
 
 def test_stop_hold_never_leaks_a_stop_string():
-    from llama_spec.chat_api import _StopHold
+    from llama_spec.chat_api import StopHold
 
-    h = _StopHold(["STOP"])
+    h = StopHold(["STOP"])
     sent = "".join(h.feed(p) for p in ["ab", "cS", "TO", "P", "xyz"])
     assert sent == "abc"
-    h = _StopHold(["STOP"])
+    h = StopHold(["STOP"])
     sent = "".join(h.feed(p) for p in ["S", "T", "x"])
     assert sent == "STx"
 
@@ -301,17 +301,17 @@ def test_reasoning_budget_ends_think_block(think_model, drafter):
 
 
 def test_reasoning_budget_states_follow_the_prompt(think_model):
-    from llama_spec.chat_api import _make_budget, prepare_prompt
+    from llama_spec.chat_api import make_budget, prepare_prompt
 
     m = think_model
     msgs = [{"role": "user", "content": "hi"}]
     on = prepare_prompt(m, msgs)
     assert on.started_inside and on.tags == ("<think>", "</think>") and on.has_thinking
-    assert _make_budget(m, on, 8, "").state == "counting"
+    assert make_budget(m, on, 8, "").state == "counting"
     off = prepare_prompt(m, msgs, enable_thinking=False)
     assert not off.started_inside
-    assert _make_budget(m, off, 8, "").state == "idle"
-    assert _make_budget(m, on, None, "") is None and _make_budget(m, on, -1, "") is None
+    assert make_budget(m, off, 8, "").state == "idle"
+    assert make_budget(m, on, None, "") is None and make_budget(m, on, -1, "") is None
 
 
 def test_no_thinking_gives_no_reasoning(think_model):
@@ -360,7 +360,7 @@ def test_cli_repl_keeps_history(monkeypatch, capsys):
 
     from llama_spec import cli
 
-    chat_module = importlib.import_module("llama_spec.chat_api")
+    chat_module = importlib.import_module("llama_spec.cli.chat")  # the REPL lives in the CLI
     seen = []
     real_turn = chat_module._turn
 
@@ -440,8 +440,7 @@ def test_cli_chat_hf_from_offline_cache(offline_hub, capsys):
 
 
 def test_hf_offline_uncached_is_a_one_line_error(offline_hub, capsys):
-    from llama_spec import cli
-    from llama_spec import Model
+    from llama_spec import Model, cli
     from llama_spec.hub import ModelNotCachedError, resolve_hf
 
     with pytest.raises(ModelNotCachedError) as ei:
@@ -479,11 +478,11 @@ def test_select_gguf_rules():
 
 
 def test_tool_calls_are_parsed_into_openai_shape():
-    from llama_spec.chat_api import _parse_tool_calls
+    from llama_spec.chat_api import parse_tool_calls
 
     text = 'Let me check.\n<tool_call>\n{"name": "get_time", "arguments": {"tz": "UTC"}}\n</tool_call>'
-    content, calls = _parse_tool_calls(text)
+    content, calls = parse_tool_calls(text)
     assert content == "Let me check."
     assert len(calls) == 1 and calls[0]["type"] == "function"
     assert calls[0]["function"] == {"name": "get_time", "arguments": '{"tz": "UTC"}'}
-    assert _parse_tool_calls("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])
+    assert parse_tool_calls("<tool_call>not json</tool_call>") == ("<tool_call>not json</tool_call>", [])

@@ -69,7 +69,10 @@ class MirrorSampler:
     def sample(self, logits_row: np.ndarray, *, topk: int = 0):
         """Return (token, q_ids, q_probs, top_ids, top_probs); arrays are fresh copies."""
         row = np.ascontiguousarray(logits_row, dtype=np.float32)
-        if self.params.greedy:
+        params = self.params
+        if params is None:
+            raise RuntimeError("MirrorSampler.configure() must run before sample()")
+        if params.greedy:
             j = int(np.argmax(row))
             ids = np.array([j], dtype=np.int32)
             probs = np.ones(1, dtype=np.float32)
@@ -83,7 +86,7 @@ class MirrorSampler:
             return j, ids, probs, top_ids, top_p
         # top-k is the chain's first cut unless top-n-sigma runs (it needs the whole row):
         # start from the k largest logits instead of the full vocabulary (see _shim.h).
-        k = self.params.top_k if self.params.top_n_sigma <= 0 else 0
+        k = params.top_k if params.top_n_sigma <= 0 else 0
         lib.llama_sampler_apply(self._chain, self._cb.fill(row, k))
         ids, probs = (a.copy() for a in self._cb.probs_view())
         keep = probs > 0
@@ -130,9 +133,11 @@ class ProposalBuilder:
         if q_probs.max() < self.p_min:
             return None
         prop.tokens.append(tok)
+        assert prop.q_ids is not None and prop.q_probs is not None  # lists until finish()
         prop.q_ids.append(q_ids)
         prop.q_probs.append(q_probs)
         if self.collect_topk:
+            assert prop.topk_ids is not None and prop.topk_probs is not None
             prop.topk_ids.append(top_ids)
             prop.topk_probs.append(top_p)
         return tok
