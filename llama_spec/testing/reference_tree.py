@@ -27,6 +27,7 @@ import numba
 import numpy as np
 
 from llama_spec import accept as A
+from llama_spec.testing import reference as R0
 from llama_spec.accept_tree import _accept_tree
 from llama_spec.tree_shape import _gumbel_top_k, draw_children
 
@@ -42,7 +43,7 @@ def _bonus_reference(p_ids, p_probs, rng_state) -> int:
     positive = np.flatnonzero(p_probs > 0)
     if positive.size == 1:
         return int(p_ids[positive[0]])
-    return A._reference_draw(p_ids, p_probs.astype(np.float64), rng_state)
+    return R0._reference_draw(p_ids, p_probs.astype(np.float64), rng_state)
 
 
 def _many_reference(p_ids, p_probs, children, q_ids, q_probs, rng_state, variant):
@@ -70,7 +71,7 @@ def _many_reference(p_ids, p_probs, children, q_ids, q_probs, rng_state, variant
             return _bonus_reference(p_ids, p_probs, rng_state), -1
         k = where[int(c)]
         wx, qx = w[k], qv[k]
-        if wx > 0.0 and (wx * s >= qx * t or A._py_next_uniform(rng_state) * (qx * t) < wx * s):
+        if wx > 0.0 and (wx * s >= qx * t or R0._py_next_uniform(rng_state) * (qx * t) < wx * s):
             return int(c), i
         x = w - qv * (t / s)
         w = np.where(x > 0.0, x, 0.0)
@@ -80,7 +81,7 @@ def _many_reference(p_ids, p_probs, children, q_ids, q_probs, rng_state, variant
         t = 1.0 if variant == "unnormalized_residual" else _seq_sum(out_sum, w)
     work = p64.copy()
     work[pos[pos >= 0]] = w[pos >= 0]
-    token = A._reference_draw(p_ids, work, rng_state)
+    token = R0._reference_draw(p_ids, work, rng_state)
     if token < 0:
         token = _bonus_reference(p_ids, p_probs, rng_state)
     return token, -1
@@ -93,7 +94,7 @@ def accept_node_reference(p_ids, p_probs, children, q_ids, q_probs, rng_state, s
     if not children:
         return _bonus_reference(p_ids, p_probs, rng_state), -1
     if len(children) == 1:
-        token, accepted = A.accept_step_reference(p_ids, p_probs, children[0], q_ids, q_probs,
+        token, accepted = R0.accept_step_reference(p_ids, p_probs, children[0], q_ids, q_probs,
                                                   rng_state, scratch)
         return int(token), (0 if accepted else -1)
     return _many_reference(p_ids, p_probs, children, q_ids, q_probs, rng_state, variant)
@@ -208,7 +209,7 @@ def _dense(row: Row, n_vocab: int) -> np.ndarray:
 def node_outcomes(p: np.ndarray, q: np.ndarray, draws: Sequence[int], variant: str = "exact"):
     """Exact outcome law at one position for fixed siblings (dense float64 p, q):
     (probability each sibling is accepted [m], law of the recovered token [n_vocab])."""
-    p, q = p.copy(), q.copy()
+    p0, p, q = p, p.copy(), q.copy()
     acc = np.zeros(len(draws))
     reach = 1.0
     for i, c in enumerate(draws):
@@ -227,6 +228,8 @@ def node_outcomes(p: np.ndarray, q: np.ndarray, draws: Sequence[int], variant: s
         if reach == 0.0:
             return acc, np.zeros_like(p)
         r = np.maximum(p - q, 0.0)
+        if not r.sum() > 0.0:  # residual lost to rounding: the kernel draws from the position's p
+            return acc, reach * p0
         p = r if variant == "unnormalized_residual" else r / r.sum()
         if variant != "keep_rejected_in_q":
             q[c] = 0.0
@@ -254,26 +257,34 @@ def exact_tree_law(tables: ContextTables, shape: Sequence[int], variant: str = "
             return memo[ctx]
         p = _dense(tables.p(ctx), tables.n_vocab)
         out: dict[tuple[int, int], float] = {}
-
-        def add(key, value):
-            if value > 0.0:
-                out[key] = out.get(key, 0.0) + value
-
         if level == len(shape):
-            for t in np.flatnonzero(p > 0).tolist():
-                add((ctx, t), p[t])
+            own = p
         else:
+            # Compress to q's support + one lumped token for the rest of p (q = 0 there, so the
+            # recursion only rescales it): exact, and small even for a full-vocabulary p.
             q_ids, q_probs = tables.q(ctx)
             q = _dense((q_ids, q_probs), tables.n_vocab)
+            support = np.array(sorted(set(q_ids.tolist())), np.int64)
+            rest = np.ones(tables.n_vocab, bool)
+            rest[support] = False
+            pc = np.append(p[support], p[rest].sum())
+            qc = np.append(q[support], 0.0)
             slot = {int(t): j for j, t in enumerate(q_ids.tolist())}
-            for draws, prob in _ordered_draws(q, shape[level]):
-                acc, rec = node_outcomes(p, q, draws, variant)
-                for t in np.flatnonzero(rec > 0).tolist():
-                    add((ctx, t), prob * rec[t])
+            own_c = np.zeros(pc.shape[0])
+            for draws, prob in _ordered_draws(qc, shape[level]):
+                acc, rec = node_outcomes(pc, qc, draws, variant)
+                own_c += prob * rec
                 for c, a in zip(draws, acc, strict=True):
                     if a > 0.0:
-                        for key, v in law(int(tables.child[ctx, slot[c]]), level + 1).items():
-                            add(key, prob * a * v)
+                        sub = law(int(tables.child[ctx, slot[int(support[c])]]), level + 1)
+                        for key, v in sub.items():
+                            out[key] = out.get(key, 0.0) + prob * a * v
+            own = np.zeros(tables.n_vocab)
+            own[support] = own_c[:-1]
+            if pc[-1] > 0.0:
+                own[rest] = own_c[-1] * p[rest] / pc[-1]
+        for t in np.flatnonzero(own > 0).tolist():
+            out[(ctx, t)] = float(own[t])
         memo[ctx] = out
         return out
 
