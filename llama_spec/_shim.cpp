@@ -1,4 +1,4 @@
-// llama-spec shim: see _shim.h for the contract of each function.
+// llama-spec shim: the contract of each function is in _cdef/90_shim.h (its only declaration).
 #include "_shim.h"
 
 #include "llama-ext.h"
@@ -15,11 +15,7 @@ void lsp_set_embeddings_nextn(llama_context * ctx, bool value, bool masked) {
     llama_set_embeddings_nextn(ctx, value, masked);
 }
 float * lsp_get_embeddings_nextn(llama_context * ctx) { return llama_get_embeddings_nextn(ctx); }
-float * lsp_get_embeddings_nextn_ith(llama_context * ctx, int32_t i) {
-    return llama_get_embeddings_nextn_ith(ctx, i);
-}
 void lsp_set_nextn_layer_offset(llama_context * ctx, int32_t offset) { llama_set_nextn_layer_offset(ctx, offset); }
-llama_context * lsp_get_ctx_other(llama_context * ctx) { return llama_get_ctx_other(ctx); }
 int32_t lsp_model_n_devices(const llama_model * model) { return llama_model_n_devices(model); }
 ggml_backend_dev_t lsp_model_get_device(const llama_model * model, int32_t i) {
     return llama_model_get_device(model, i);

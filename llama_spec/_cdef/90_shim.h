@@ -1,20 +1,62 @@
-/* llama_spec/_shim.h: MTP staging API, reasoning budget, hot-path helpers (see that file). */
+/* llama-spec's shim (llama_spec/_shim.cpp): the few extern "C" entry points Python needs that
+ * llama.h does not give. This file is the only place they are declared: cffi reads it as the
+ * cdef of the shim (with the other files of _cdef/), and _shim.h includes it for the C++ side,
+ * so the two cannot drift apart. Plain C declarations only (cffi's parser): no #include, no
+ * macros; the types come from llama.h, which every includer has seen first.
+ *
+ *  - the MTP staging API (src/llama-ext.h has C++ linkage),
+ *  - llama.cpp's reasoning-budget sampler (common/reasoning-budget.h, C++),
+ *  - "one call instead of a hundred" helpers for the hot path: filling and decoding a batch,
+ *    turning a logits row into the candidate array the sampler chain works on.
+ *
+ * Contracts: pointers must be valid for the stated lengths; nothing here takes ownership
+ * unless it says so, and no function keeps a pointer to caller memory after it returns.
+ */
+
+/* ---- MTP staging API and model devices (forwarders) ---- */
 void    lsp_set_embeddings_nextn(struct llama_context * ctx, bool value, bool masked);
 float * lsp_get_embeddings_nextn(struct llama_context * ctx);
-float * lsp_get_embeddings_nextn_ith(struct llama_context * ctx, int32_t i);
 void    lsp_set_nextn_layer_offset(struct llama_context * ctx, int32_t offset);
-struct llama_context * lsp_get_ctx_other(struct llama_context * ctx);
 int32_t lsp_model_n_devices(const struct llama_model * model);
 ggml_backend_dev_t lsp_model_get_device(const struct llama_model * model, int32_t i);
 
+/* ---- batches ----
+ * Fill `batch` (from llama_batch_ext_init) with n tokens of one sequence and decode it.
+ * outputs[i] != 0 asks for logits (and embeddings) of row i; outputs may be NULL = last only.
+ * embd, when not NULL, is n rows of n_embd floats paired with the tokens (MTP input rows).
+ * Returns llama_process's code, or -100 - i when adding row i failed (batch full / bad token). */
 int32_t lsp_process(struct llama_context * ctx, struct llama_batch_ext * batch,
                     const int32_t * tokens, const int32_t * pos, int32_t n, int32_t seq_id,
                     const int8_t * outputs, const float * embd, int32_t n_embd);
-void    lsp_candidates_init(const float * logits, int32_t n_vocab, llama_token_data * buf, llama_token_data_array * cur);
-int32_t lsp_candidates_init_top_k(const float * logits, int32_t n_vocab, int32_t k, llama_token_data * buf, llama_token_data_array * cur);
+
+/* ---- candidates ----
+ * Write the full-vocabulary candidate array for one logits row into `buf` (n_vocab entries:
+ * id = i, logit = logits[i], p = 0) and point `cur` at it (size n_vocab, unsorted, selected -1). */
+void    lsp_candidates_init(const float * logits, int32_t n_vocab,
+                            llama_token_data * buf, llama_token_data_array * cur);
+
+/* The same array already cut to the k largest logits (what llama.cpp's top-k sampler would
+ * leave), sorted by logit descending with ties broken by the lower id, sorted = true; one pass
+ * over the row, no full-vocabulary write. Only valid when every sampler before top-k in the
+ * chain is absent (logit bias, penalties, DRY, top-n-sigma, grammar, budget can all move a
+ * token across the k-th place). k <= 0 or k >= n_vocab: same as lsp_candidates_init.
+ * Returns the array's size. */
+int32_t lsp_candidates_init_top_k(const float * logits, int32_t n_vocab, int32_t k,
+                                  llama_token_data * buf, llama_token_data_array * cur);
+
+/* Softmax over cur->data[0..size) (the chain already applied temperature), writing each
+ * entry's p and copying (id, p) out to ids/probs in the array's order. Returns size.
+ * Entries with logit == -INFINITY get p = 0. Double accumulation: p sums to 1 within 1e-6. */
 int32_t lsp_candidates_probs(llama_token_data_array * cur, int32_t * ids, float * probs);
+
+/* Top-n entries of a logits row by logit, descending (ties by id): ids and logits out.
+ * Used by the draft statistics; one pass, O(n_vocab + n log n). Returns n (<= n_vocab). */
 int32_t lsp_top_n(const float * logits, int32_t n_vocab, int32_t n, int32_t * ids, float * vals);
 
+/* ---- reasoning budget (common/reasoning-budget.h) ----
+ * Sequences are passed flattened: seqs[] holds all tokens, lens[] each sequence's length.
+ * initial_state: 0 IDLE, 1 COUNTING, 2 FORCING, 3 WAITING_UTF8, 4 DONE.
+ * Returns a sampler owned by the caller (llama_sampler_free), or NULL on bad input. */
 struct llama_sampler * lsp_reasoning_budget_init(
         const struct llama_vocab * vocab,
         const int32_t * start_seqs, const int32_t * start_lens, int32_t n_start,
