@@ -139,8 +139,8 @@ class TreeLayout:
                 path.append(int(par[path[-1]]))
             paths.append(tuple(reversed(path)))
         seqs: list[list[int]] = [[] for _ in range(n)]
-        for s, path in enumerate(paths):
-            for i in path:
+        for s, nodes in enumerate(paths):
+            for i in nodes:
                 seqs[i].append(s)
         return cls(par.astype(np.int32), depth, tuple(paths), tuple(tuple(s) for s in seqs))
 

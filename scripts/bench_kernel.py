@@ -36,7 +36,9 @@ import numpy as np
 
 from llama_spec import accept as A
 from llama_spec import accept_block as B
+from llama_spec import accept_tree as T
 from llama_spec.testing import reference as R
+from llama_spec.tree_shape import build_tree
 
 N_VOCAB = 151_936
 SIZES = (8, 64, 1_024, N_VOCAB)
@@ -177,6 +179,50 @@ def bench_block(scratch, repeats, min_time):
     return out
 
 
+def make_tree_case(n, path, shape=(3, 1, 1)):
+    """accept_tree's arguments up to rng_state for a full tree of `shape`, every position's p and q
+    the rows of make_case(n). "accepted": each position's first child is argmax p with
+    p(x) >= q(x) (the walk goes to the leaf and draws the bonus); "rejected": the root's children
+    get p = 0, so all are rejected and the recovered token comes from the residual over all of p."""
+    lay = build_tree(shape)
+    (p_ids, p, d, q_ids, q), _ = make_case(n, seed=200)
+    others = [int(t) for t in q_ids if int(t) != d][:2]
+    tokens = np.array([[d, *others][i] if lay.parent[i] < 0 else d for i in range(lay.n_nodes)],
+                      np.int32)
+    if path == "rejected":
+        p = p.astype(np.float64)
+        p[np.isin(p_ids, tokens[lay.parent < 0])] = 0.0
+        p = (p / p.sum()).astype(np.float32)
+    rows = lay.n_nodes + 1
+    return (tokens, lay.parent, np.tile(p_ids, (rows, 1)), np.tile(p, (rows, 1)),
+            np.full(rows, n, np.int64), np.tile(q_ids, (rows, 1)), np.tile(q, (rows, 1)),
+            np.full(rows, q_ids.shape[0], np.int64))
+
+
+def _tree_calls(args, scratch):
+    state, out_t, out_p = A.new_rng_state(0), np.empty(10, np.int32), np.empty(9, np.int32)
+    return {
+        "wrapper_us": lambda: T.accept_tree(*args, state, scratch, validate=False),
+        "raw_us": lambda: T.accept_tree_kernel(*args, state, scratch, out_t, out_p),
+    }
+
+
+def bench_tree(scratch, repeats, min_time):
+    """Rows of µs per call for the tree rule, shape (3, 1, 1) (9 nodes)."""
+    out = []
+    for n in (64, N_VOCAB):
+        for path in ("accepted", "rejected"):
+            args = make_tree_case(n, path)
+            n_acc = T.accept_tree(*args, A.new_rng_state(0), scratch, validate=False)[2]
+            assert (n_acc == 3) == (path == "accepted"), (n, path, n_acc)
+            row = {"support": n, "q_support": int(args[7][0]), "shape": "3,1,1", "path": path}
+            for key, call in _tree_calls(args, scratch).items():
+                row[key] = per_call_us(lambda m, call=call: [call() for _ in range(m)], repeats,
+                                       min_time)
+            out.append(row)
+    return out
+
+
 FIRST_CALL = """
 import time, json
 t0 = time.perf_counter()
@@ -241,6 +287,7 @@ def main(argv=None):
             rows.append({"support": n, "q_support": q_support, "path": path,
                          "p_order": "vocab" if id_order else "random", **times})
     block_rows = bench_block(scratch, repeats, min_time)
+    tree_rows = bench_tree(scratch, repeats, min_time)
     assert not scratch.any()
     first = first_call_times()
 
@@ -252,6 +299,7 @@ def main(argv=None):
         "smoke": opts.smoke,
         "rows": rows,
         "block_rows": block_rows,
+        "tree_rows": tree_rows,
         "first_call": first,
     }
     print(f"machine: {result['machine']}; python {result['python']}, numpy {result['numpy']}, "
@@ -270,6 +318,12 @@ def main(argv=None):
     for r in block_rows:
         print(f"| {r['support']:,} | {r['q_support']} | {r['path']} | {r['wrapper_us']:.2f} "
               f"| {r['raw_us']:.2f} | {r['numpy_us']:.2f} | {r['token_rule_raw_us']:.2f} |")
+    print()
+    print("| tree rule (3,1,1): p support | q support | root children | wrapper µs | raw kernel µs |")
+    print("|---:|---:|---|---:|---:|")
+    for r in tree_rows:
+        print(f"| {r['support']:,} | {r['q_support']} | {r['path']} | {r['wrapper_us']:.2f} "
+              f"| {r['raw_us']:.2f} |")
     print()
     print(f"first call in a fresh process: import {first['compile_import_s']:.2f} s + compile "
           f"{first['compile_first_call_s']:.2f} s (empty cache); import "

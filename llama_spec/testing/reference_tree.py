@@ -27,8 +27,8 @@ import numba
 import numpy as np
 
 from llama_spec import accept as A
-from llama_spec.testing import reference as R0
 from llama_spec.accept_tree import _accept_tree
+from llama_spec.testing import reference as R0
 from llama_spec.tree_shape import _gumbel_top_k, draw_children
 
 VARIANTS = ("exact", "keep_rejected_in_q", "unnormalized_residual")
@@ -170,7 +170,10 @@ def build_tables(n_vocab: int, depth: int, target: Callable[[tuple[int, ...]], R
     q_rows: dict[int, int] = {}
     p_list: list[Row] = []
     q_list: list[Row] = [(np.zeros(0, np.int32), np.zeros(0, np.float32))]  # row 0: no q
-    ctx_p, ctx_q, prefixes, children = [], [], [], []
+    ctx_p: list[int] = []
+    ctx_q: list[int] = []
+    prefixes: list[tuple[int, ...]] = []
+    children: list[list[int]] = []
 
     def row_of(obj, table, lst):
         if id(obj) not in table:
@@ -178,7 +181,7 @@ def build_tables(n_vocab: int, depth: int, target: Callable[[tuple[int, ...]], R
             lst.append(obj)
         return table[id(obj)]
 
-    queue = [()]
+    queue: list[tuple[int, ...]] = [()]
     while queue:
         prefix = queue.pop(0)
         prefixes.append(prefix)
@@ -366,7 +369,8 @@ def sample_reference_cells(tables: ContextTables, shape: Sequence[int], n_rounds
         while True:
             p_ids, p_probs = tables.p(ctx)
             q_ids, q_probs = tables.q(ctx)
-            kids = draw_children(q_ids, q_probs, shape[level], draft_rng) if level < len(shape) else []
+            kids = (draw_children(q_ids, q_probs, shape[level], draft_rng) if level < len(shape)
+                    else np.zeros(0, np.int32))
             token, idx = accept_node_reference(p_ids, p_probs, kids, q_ids, q_probs, accept_rng,
                                                scratch, variant)
             if idx < 0:
