@@ -1,0 +1,220 @@
+#!/usr/bin/env python
+"""Server throughput: ``llama-spec serve`` against native ``llama-server``, interleaved (issue 13, 5).
+
+Both servers run the same target/draft pair (default 1.5B <- 0.5B, n-max 3) with ``--parallel``
+= the largest concurrency; for each round and each concurrency C, C clients each send
+--requests completions of --n-tokens tokens (temperature 0.8, ignore_eos, distinct prompts and
+seeds), one server then the other (the order alternates per round). Aggregate t/s = completion
+tokens / wall time of the whole burst. Reported: per-C medians, ours/native, and ours at C=4
+over ours at C=1 (goals: >= 0.95x native at each C, >= 2.2x our single stream at C=4).
+
+The native server is ``--native-server PATH``, else built from the same pinned source with
+``build_llama.build_tools(["llama-server"])`` -- which needs a build directory configured with
+``LLAMA_BUILD_SERVER=ON`` (the package's CPU build configures it OFF: pass a path, or use
+--skip-native to measure ours alone).
+
+    nice -n 10 python scripts/bench_server.py --quick          # smoke: 0.5B <- 0.5B, C=1,2, 16 tokens
+    python scripts/bench_server.py --native-server /path/to/llama-server   # the full figure (minutes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+
+ROOT = Path(__file__).resolve().parent.parent
+PROMPTS = [f"Write a short paragraph about {t}." for t in
+           ("rivers", "bread", "the moon", "trains", "owls", "glass", "chess", "tea", "bees", "maps")]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def wait_up(p: subprocess.Popen, url: str, name: str, timeout: float = 600) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if p.poll() is not None:
+            raise SystemExit(f"{name} exited with {p.returncode}")
+        try:
+            if httpx.get(url + "/health", timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass
+        time.sleep(0.5)
+    p.kill()
+    raise SystemExit(f"{name} did not come up in {timeout:.0f} s")
+
+
+def _pipe_log(p: subprocess.Popen, tag: str, quiet: bool) -> None:
+    def pump() -> None:
+        assert p.stderr is not None
+        for ln in p.stderr:
+            if not quiet:
+                sys.stderr.write(f"  [{tag}] {ln}")
+    threading.Thread(target=pump, daemon=True).start()
+
+
+def start_ours(a: argparse.Namespace, target: Path, draft: Path, port: int) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "llama_spec", "serve", "-m", str(target), "-md", str(draft),
+           "--parallel", str(a.parallel), "-c", str(a.ctx), "-t", str(a.threads), "--port", str(port),
+           "--spec-draft-n-max", str(a.n_max), "--queue-size", str(4 * a.parallel)]
+    if a.no_repack:
+        cmd.append("-nr")
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    _pipe_log(p, "ours", quiet=False)
+    return p
+
+
+def start_native(a: argparse.Namespace, binary: Path, target: Path, draft: Path, port: int) -> subprocess.Popen:
+    # llama-server divides -c among the slots: give it parallel x the per-slot context we use.
+    cmd = [str(binary), "-m", str(target), "-md", str(draft), "--parallel", str(a.parallel),
+           "-c", str(a.ctx * a.parallel), "-t", str(a.threads), "--host", "127.0.0.1", "--port", str(port),
+           "--spec-draft-n-max", str(a.n_max), "--no-webui"]
+    if a.no_repack:
+        cmd.append("-nr")
+    env = dict(os.environ, LLAMA_LOG_COLORS="0")
+    p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=env)
+    _pipe_log(p, "native", quiet=True)
+    return p
+
+
+def one(url: str, i: int, a: argparse.Namespace, seed: int) -> int:
+    body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": a.n_tokens, "temperature": a.temp,
+            "seed": seed, "ignore_eos": True}
+    r = httpx.post(url + "/v1/completions", json=body, timeout=a.timeout)
+    r.raise_for_status()
+    return int(r.json()["usage"]["completion_tokens"])
+
+
+def burst(url: str, c: int, a: argparse.Namespace, round_no: int) -> float:
+    """C clients x --requests completions each; aggregate completion tokens per second."""
+    def client(k: int) -> int:
+        return sum(one(url, k * a.requests + j, a, 1000 * round_no + 10 * k + j) for j in range(a.requests))
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(c) as ex:
+        n = sum(ex.map(client, range(c)))
+    return n / (time.perf_counter() - t0)
+
+
+def resolve(name: str) -> Path:
+    from llama_spec.models_registry import resolve_model
+
+    return resolve_model(name)
+
+
+def native_binary(a: argparse.Namespace) -> Path | None:
+    if a.skip_native:
+        return None
+    if a.native_server:
+        return Path(a.native_server)
+    sys.path.insert(0, str(ROOT))
+    import build_llama
+
+    cache = Path(build_llama.build_info()["build_dir"]) / "CMakeCache.txt"
+    if cache.exists() and "LLAMA_BUILD_SERVER:BOOL=OFF" in cache.read_text():
+        print(f"{cache} has LLAMA_BUILD_SERVER=OFF: llama-server cannot be built there; pass --native-server PATH. "
+              "Measuring ours alone.", file=sys.stderr)
+        return None
+    try:
+        return build_llama.build_tools(["llama-server"]) / "llama-server"
+    except Exception as e:  # noqa: BLE001 - explain, then measure ours alone
+        print(f"cannot build llama-server from the cached build ({e}); the package's build configures "
+              "LLAMA_BUILD_SERVER=OFF: pass --native-server PATH. Measuring ours alone.", file=sys.stderr)
+        return None
+
+
+def report(res: dict[str, dict[int, list[float]]], conc: list[int]) -> dict:
+    out: dict = {"concurrency": conc, "median_tps": {}, "ratio_vs_native": {}}
+    for name, per in res.items():
+        out["median_tps"][name] = {c: statistics.median(v) for c, v in per.items()}
+    med = out["median_tps"]
+    print(f"\naggregate t/s\n{'C':>3} " + " ".join(f"{n:>12}" for n in med) + ("   ours/native" if "native" in med else ""))
+    for c in conc:
+        row = f"{c:>3} " + " ".join(f"{med[n][c]:>12.2f}" for n in med)
+        if "native" in med:
+            out["ratio_vs_native"][c] = med["ours"][c] / med["native"][c]
+            row += f"   {out['ratio_vs_native'][c]:.3f}x"
+        print(row)
+    if 1 in med["ours"] and 4 in med["ours"]:
+        out["ours_c4_over_c1"] = med["ours"][4] / med["ours"][1]
+        print(f"ours C=4 / C=1: {out['ours_c4_over_c1']:.2f}x (goal >= 2.2x)")
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-m", "--model", default="qwen2.5-coder-1.5b")
+    ap.add_argument("-md", "--model-draft", default="qwen2.5-coder-0.5b")
+    ap.add_argument("--concurrency", default="1,4,8")
+    ap.add_argument("--n-tokens", type=int, default=96)
+    ap.add_argument("--requests", type=int, default=2, help="completions per client per burst")
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--temp", type=float, default=0.8)
+    ap.add_argument("--n-max", type=int, default=3)
+    ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--no-repack", action="store_true", help="-nr on both servers (default: llama.cpp's default)")
+    ap.add_argument("--native-server", default=None, help="llama-server binary built from the pinned source")
+    ap.add_argument("--skip-native", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--quick", action="store_true", help="smoke run: 0.5B <- 0.5B, C=1,2, 16 tokens, 1 round")
+    ap.add_argument("--json", default=None)
+    a = ap.parse_args(argv)
+    if a.quick:
+        a.model = a.model_draft = "qwen2.5-coder-0.5b"
+        a.concurrency, a.n_tokens, a.rounds, a.requests, a.ctx = "1,2", 16, 1, 1, 256
+    conc = sorted({int(x) for x in a.concurrency.split(",")})
+    a.parallel = max(conc)
+    target, draft = resolve(a.model), resolve(a.model_draft)
+    servers: dict[str, tuple[subprocess.Popen, str]] = {}
+    port = free_port()
+    servers["ours"] = (start_ours(a, target, draft, port), f"http://127.0.0.1:{port}")
+    binary = native_binary(a)
+    if binary is not None:
+        port = free_port()
+        servers["native"] = (start_native(a, binary, target, draft, port), f"http://127.0.0.1:{port}")
+    res: dict[str, dict[int, list[float]]] = {n: {c: [] for c in conc} for n in servers}
+    try:
+        for name, (p, url) in servers.items():
+            wait_up(p, url, name)
+            burst(url, 1, a, -1)  # warm-up
+        for r in range(a.rounds):
+            order = list(servers) if r % 2 == 0 else list(reversed(servers))
+            for c in conc:
+                for name in order:
+                    tps = burst(servers[name][1], c, a, r)
+                    res[name][c].append(tps)
+                    print(f"round {r} C={c} {name}: {tps:.2f} t/s (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+        out = report(res, conc)
+        out.update(model=str(target), draft=str(draft), n_tokens=a.n_tokens, temp=a.temp, threads=a.threads,
+                   rounds=a.rounds, requests=a.requests, raw=res, load=os.getloadavg())
+        if a.json:
+            Path(a.json).write_text(json.dumps(out, indent=2))
+    finally:
+        for p, _ in servers.values():
+            p.send_signal(signal.SIGTERM)
+        for p, _ in servers.values():
+            try:
+                p.wait(60)
+            except subprocess.TimeoutExpired:
+                p.kill()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
