@@ -358,7 +358,7 @@ def _run_both(case, seed, scratch1, scratch2):
 SETTINGS = dict(deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 
 
-@settings(max_examples=150, **SETTINGS)
+@settings(max_examples=100, **SETTINGS)
 @given(st.integers(0, 2**32 - 1), st.sampled_from([5, 60, 4_000]))
 def test_kernel_matches_reference_bit_for_bit(seed, n_vocab):
     rng = np.random.default_rng(seed)
