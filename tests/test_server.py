@@ -229,6 +229,8 @@ def test_api_key(server):
         server.client(key="wrong").models.list()
     assert [m.id for m in server.client().models.list()] == ["smollm"]
     assert server.health()["status"] == "ok"  # /health needs no key
+    r = httpx.get(server.url + "/v1/nothing", timeout=10)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "not_found"
 
 
 def _stream_some(url: str, n_chunks: int, max_tokens: int, *, key: str = API_KEY) -> int:

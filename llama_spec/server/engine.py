@@ -24,7 +24,7 @@ import dataclasses
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -32,7 +32,7 @@ from ..drafters.base import Drafter
 from ..errors import RequestError, SequenceError
 from ..model import Model
 from ..sampling import SamplerParams
-from ..speculative import GenerationResult, SpeculativeGenerator, TokenEvent
+from ..speculative import GenerationResult, GenerationStream, SpeculativeGenerator, TokenEvent
 
 __all__ = ["BatchLike", "GenerationRequest", "RequestHandle", "SerialBatchAdapter", "ServerEngine"]
 
@@ -96,7 +96,7 @@ class SerialBatchAdapter:
         self.n_ctx_per_seq = self.gen.ctx.n_ctx
         self._params = set(inspect.signature(self.gen.stream).parameters)
         self._slots: collections.OrderedDict[int, GenerationRequest] = collections.OrderedDict()
-        self._active: tuple[int, Iterator[TokenEvent], list[GenerationResult]] | None = None
+        self._active: tuple[int, GenerationStream] | None = None
         self._next_id = 0
 
     def free_slots(self) -> int:
@@ -129,11 +129,9 @@ class SerialBatchAdapter:
         if self._slots.pop(request_id, None) is None:
             return
         if self._active is not None and self._active[0] == request_id:
-            it = self._active[1]
+            stream = self._active[1]
             self._active = None
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()  # the generator's frame ends; the next request's prefill replaces its KV cells
+            stream.close()  # the loop's frame ends; the next request's prefill replaces its KV cells
 
     def _start(self, rid: int, req: GenerationRequest) -> None:
         kw: dict[str, Any] = dict(sampling=req.sampling, n_predict=req.n_predict, seed=req.seed,
@@ -143,8 +141,7 @@ class SerialBatchAdapter:
                 kw["verify"] = req.verify
         elif req.verify is not None:
             kw["spec_draft_sample"] = req.verify != "exact-match"
-        out: list[GenerationResult] = []
-        self._active = (rid, iter(self.gen.stream(req.prompt, result=out, **kw)), out)
+        self._active = (rid, self.gen.stream(req.prompt, **kw))  # validates now (ValueError naming the field)
 
     def step(self) -> list[tuple[int, TokenEvent | GenerationResult]]:
         """Advance the oldest sequence by one token (and its result when it ends)."""
@@ -162,10 +159,11 @@ class SerialBatchAdapter:
             raise SequenceError(rid, e) from e
         if ev is not None:
             return [(rid, ev)]
-        out = self._active[2]
+        res = self._active[1].result
+        assert res is not None
         self._active = None
         self._slots.pop(rid, None)
-        return [(rid, out[0])]
+        return [(rid, res)]
 
     def close(self) -> None:
         if self._active is not None:
