@@ -326,12 +326,24 @@ def test_load_eight_clients_three_disconnect(server, solo):
     assert texts == refs[:2]
 
 
+def _read_until_closed(url: str, started: threading.Event) -> None:
+    try:
+        with httpx.stream("POST", url + "/v1/completions", timeout=30,
+                          json={"prompt": "Once upon a time", "max_tokens": 200, "stream": True,
+                                "ignore_eos": True}) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: "):
+                    started.set()
+    except httpx.HTTPError:
+        pass  # the server closed the connection at shutdown
+
+
 def test_cli_serve_sigterm_stops_cleanly(smollm_path):
     with socket.socket() as sk:
         sk.bind(("127.0.0.1", 0))
         port = sk.getsockname()[1]
     cmd = [sys.executable, "-m", "llama_spec", "serve", "-m", str(smollm_path), "-nr", "-c", "256", "-np", "1",
-           "-t", str(THREADS), "--port", str(port)]
+           "-t", str(THREADS), "--port", str(port), "--timeout-graceful", "1"]
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, env=dict(os.environ))
     try:
         deadline = time.monotonic() + 60
@@ -345,8 +357,15 @@ def test_cli_serve_sigterm_stops_cleanly(smollm_path):
         r = httpx.post(f"http://127.0.0.1:{port}/v1/completions", timeout=30,
                        json={"prompt": "Hi", "max_tokens": 2, "temperature": 0})
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+        # SIGTERM while a long stream is open: the stream ends, the process exits 0
+        streaming = threading.Event()
+        t = threading.Thread(target=_read_until_closed, args=(f"http://127.0.0.1:{port}", streaming), daemon=True)
+        t.start()
+        assert streaming.wait(30)
         p.send_signal(signal.SIGTERM)
         _, err = p.communicate(timeout=30)
+        t.join(10)
+        assert not t.is_alive()
     finally:
         if p.poll() is None:
             p.kill()

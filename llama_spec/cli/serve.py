@@ -121,9 +121,12 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     except (KeyboardInterrupt, _Terminated):
         pass
     finally:
-        engine.stop()
-        for fn in closers:
-            fn()
+        if engine.stop():
+            for fn in closers:
+                fn()
+        else:  # the worker is still decoding: leave the models to the OS rather than free them under it
+            print("llama-spec serve: the worker did not stop in time; exiting without freeing the models",
+                  file=sys.stderr)
         if old is not None:
             signal.signal(signal.SIGTERM, old)
         print("llama-spec serve: stopped", file=sys.stderr, flush=True)

@@ -220,13 +220,19 @@ class ServerEngine:
             self._thread.join()
             raise self._start_error
 
-    def stop(self, timeout: float | None = 30.0) -> None:
-        """Stop the worker: waiting and active requests get an error; the contexts are freed."""
+    def stop(self, timeout: float | None = 60.0) -> bool:
+        """Stop the worker: waiting and active requests get an error; the contexts are freed.
+
+        False when the worker is still inside a step after `timeout` (a long prefill): the
+        caller must then not free the models it uses.
+        """
         with self._cv:
             self._stop = True
             self._cv.notify_all()
         if self._thread is not None:
             self._thread.join(timeout)
+            return not self._thread.is_alive()
+        return True
 
     @property
     def capacity(self) -> int:
