@@ -115,39 +115,42 @@ def _stop(num, den, rng_state):
 
 
 @_inner
-def _w(r, p, q):
-    return max(r * np.float64(p) - np.float64(q), 0.0)
-
-
-@_inner
 def _residual_mass(p_ids, p_probs, q_ids, q_probs, r, scratch):
-    """rho = sum over p's support of max(r p - q, 0). Entry i goes to lane i % 8, each lane is
-    summed in order, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)): fixed, so the
-    reference reproduces it, and 8 independent adds keep a full-vocabulary pass fast."""
+    """rho = sum over p's support of max(r p - q, 0), in accept._draw's order: blocks of 8
+    summed as ((w0 + w1) + (w2 + w3)) + ((w4 + w5) + (w6 + w7)), the block sums added in
+    order (fixed, so the reference reproduces it; one dependent add per block). Written out
+    here, not in a helper, for the reason given in accept._draw."""
     n_pos, first = _n_positive_upto2(p_probs)
     if n_pos == 1:
         return max(r - _first(q_ids, q_probs, p_ids[first]), 0.0)
+    n = p_ids.shape[0]
     for j in range(q_ids.shape[0]):  # dense q: O(|p| + |q|)
         scratch[q_ids[j]] = q_probs[j]
-    n = p_ids.shape[0]
-    l0 = l1 = l2 = l3 = l4 = l5 = l6 = l7 = 0.0
-    for i in range(0, n - 7, 8):
-        l0 += _w(r, p_probs[i], scratch[p_ids[i]])
-        l1 += _w(r, p_probs[i + 1], scratch[p_ids[i + 1]])
-        l2 += _w(r, p_probs[i + 2], scratch[p_ids[i + 2]])
-        l3 += _w(r, p_probs[i + 3], scratch[p_ids[i + 3]])
-        l4 += _w(r, p_probs[i + 4], scratch[p_ids[i + 4]])
-        l5 += _w(r, p_probs[i + 5], scratch[p_ids[i + 5]])
-        l6 += _w(r, p_probs[i + 6], scratch[p_ids[i + 6]])
-        l7 += _w(r, p_probs[i + 7], scratch[p_ids[i + 7]])
-    tail = np.zeros(8)  # the last n % 8 entries, in their lanes (x + 0.0 == x: same sums)
-    for i in range(n - n % 8, n):
-        tail[i % 8] = _w(r, p_probs[i], scratch[p_ids[i]])
+    # Large supports: a bitmap of q's ids (L1-sized) replaces most random reads of scratch;
+    # q = 0 off q's support, so the weights, and the sums, are the same either way.
+    small = n < _LARGE_SUPPORT
+    in_q = np.zeros(1 if small else (scratch.shape[0] + 63) // 64, np.uint64)
+    if not small:
+        for j in range(q_ids.shape[0]):
+            in_q[q_ids[j] >> 6] |= np.uint64(1) << np.uint64(q_ids[j] & 63)
+    w = np.empty(8)
+    total = 0.0
+    for b in range((n + 7) // 8):
+        i0 = 8 * b
+        for j in range(8):
+            x = 0.0
+            if i0 + j < n:
+                t = p_ids[i0 + j]
+                x = r * np.float64(p_probs[i0 + j])
+                if small or (in_q[t >> 6] >> np.uint64(t & 63)) & np.uint64(1):
+                    x -= np.float64(scratch[t])
+                if x < 0.0:
+                    x = 0.0
+            w[j] = x
+        total += ((w[0] + w[1]) + (w[2] + w[3])) + ((w[4] + w[5]) + (w[6] + w[7]))
     for j in range(q_ids.shape[0]):  # leave scratch all zero
         scratch[q_ids[j]] = 0.0
-    l0, l1, l2, l3 = l0 + tail[0], l1 + tail[1], l2 + tail[2], l3 + tail[3]
-    l4, l5, l6, l7 = l4 + tail[4], l5 + tail[5], l6 + tail[6], l7 + tail[7]
-    return ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7))
+    return total
 
 
 @_inner

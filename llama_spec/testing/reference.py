@@ -143,8 +143,8 @@ def _ref_stop(num: float, den: float, rng_state) -> bool:
 
 
 def _ref_residual_mass(p_ids, p, q_ids, q, r, scratch) -> float:
-    """sum over p's support of max(r p - q, 0): 8 lanes (entry i in lane i % 8), each summed in
-    order, then ((l0 + l1) + (l2 + l3)) + ((l4 + l5) + (l6 + l7)) -- the kernel's order."""
+    """sum over p's support of max(r p - q, 0): blocks of 8 summed as ((w0 + w1) + (w2 + w3))
+    + ((w4 + w5) + (w6 + w7)), the block sums added in order -- the kernel's order."""
     positive = np.flatnonzero(p > 0)
     if positive.size == 1:
         return max(r - _ref_first(q_ids, q, int(p_ids[positive[0]])), 0.0)
@@ -154,9 +154,9 @@ def _ref_residual_mass(p_ids, p, q_ids, q, r, scratch) -> float:
     n = p.shape[0]
     padded = np.zeros(-(-n // 8) * 8)
     padded[:n] = np.maximum(r * p - dense_q, 0.0)
-    lanes = np.cumsum(padded.reshape(-1, 8), axis=0)[-1]  # sequential per lane
-    return float(((lanes[0] + lanes[1]) + (lanes[2] + lanes[3]))
-                 + ((lanes[4] + lanes[5]) + (lanes[6] + lanes[7])))
+    w = padded.reshape(-1, 8)
+    sums = ((w[:, 0] + w[:, 1]) + (w[:, 2] + w[:, 3])) + ((w[:, 4] + w[:, 5]) + (w[:, 6] + w[:, 7]))
+    return float(np.cumsum(sums)[-1])  # np.cumsum adds sequentially, like the kernel
 
 
 def _ref_block_residual(p_ids, p, q_ids, q, r, rng_state, scratch) -> int:
