@@ -1,29 +1,25 @@
-"""The speculative loop: draft -> verify in one target batch -> accept position by position.
+"""The speculative loop: draft -> one verification batch -> rule -> emit -> roll back.
 
-Per verification (DESIGN.md words):
+Per verification (DESIGN.md words; the rules are in llama_spec.rules):
 
-1. the drafter proposes k <= n_max tokens with q per token (a *proposal*);
+1. the drafter proposes k <= n_max tokens, with q per token when it sampled them (a *proposal*);
 2. the target decodes [last emitted token, d_1 .. d_k] in one batch (k + 1 logits rows);
-3. position by position, in Python: the target sampler chain gives p; the **rejection rule**
-   (``accept_step_kernel``) keeps d_i with probability min(1, p/q) or emits a *recovered*
-   token from the residual; the **exact-match rule** keeps d_i only if the target's own
-   sample equals it. The emitted token goes to ``sampler.accept`` exactly once, before p of the
-   next position is computed (reasoning budget, grammar and penalties stay exact);
-4. if all k were kept, a *bonus* token is drawn from p at position k;
-5. the rejected tail leaves the target's and the drafter's memory (KV cells, recurrent state).
+3. ``rules.choose`` picks the rule (the requested one, or exact-match where a fallback applies)
+   and the rule decides the emitted tokens; each goes through ``_Emitter.emit``, which calls the
+   target sampler's ``accept`` exactly once per emitted position, in order (invariant 5);
+4. the rejected tail leaves the target's and the drafter's memory (KV cells, recurrent state);
+5. the observers (SpecStats, TopKStats, p/q logs, user callbacks) see what happened.
 
-The exact-match rule is used, byte for byte as the old loop, when there is no proposal, its q
-does not match the draft length, a grammar is active, the switch is off, or (per position)
-p does not sum to 1 +- 1e-3. Temperature 0 is the exact-match rule in either mode and uses no
-randomness.
+The loop knows no concrete drafter or rule. ``drafter=None`` is plain generation with the same
+sampler: the reference the speculative modes are tested against.
 """
 
 from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Iterator, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -32,76 +28,16 @@ from .context import Context
 from .drafters.base import Drafter, Proposal
 from .env import env_flag
 from .model import Model
+from .observers import Observer, RequestInfo
+from .rules import RULE_NAMES, Rule, Verification, VerifyName, choose, make_rules
 from .sampling import ReasoningBudget, SamplerParams, TargetSampler
+from .stats import N_MAX_LIMIT, SpecStats
 
-N_MAX_LIMIT = 64
+__all__ = ["ENV_DRAFT_SAMPLE", "N_MAX_LIMIT", "GenerationResult", "GenerationStream", "SpecStats",
+           "SpeculativeGenerator", "TokenEvent", "VerifyName", "generate"]
+
 ENV_DRAFT_SAMPLE = "LLAMA_ARG_SPEC_DRAFT_SAMPLE"
 _ACCEPT_SEED_SALT = 0x5EC0_DEC0  # the accept RNG is seeded apart from llama.cpp's dist RNG
-
-
-@dataclass
-class SpecStats:
-    """Counters of one generation (or cumulated with ``+=``)."""
-
-    verifications: int = 0      # target verification batches that carried >= 1 draft token
-    drafted: int = 0            # draft tokens proposed
-    accepted: int = 0           # draft tokens kept
-    recovered: int = 0          # tokens emitted at the first rejection
-    bonus: int = 0              # tokens drawn from p after all k drafts were kept
-    extra_accepted: int = 0     # kept although the target's own sample there was another token
-    exact_match_verifications: int = 0  # verifications run with the exact-match rule
-    fallback_positions: int = 0  # positions where p was not normalized (exact match used)
-    emitted: int = 0
-    reached: list[int] = field(default_factory=lambda: [0] * N_MAX_LIMIT)        # per position
-    accepted_at: list[int] = field(default_factory=lambda: [0] * N_MAX_LIMIT)    # per position
-    expected_accept: list[float] = field(default_factory=lambda: [0.0] * N_MAX_LIMIT)  # sum min(p,q)
-    # p(argmax q) at the same positions: what the exact-match rule with an argmax draft accepts
-    expected_accept_exact: list[float] = field(default_factory=lambda: [0.0] * N_MAX_LIMIT)
-    t_prompt_s: float = 0.0
-    t_decode_s: float = 0.0
-    n_prompt: int = 0
-
-    @property
-    def acceptance_rate(self) -> float:
-        return self.accepted / self.drafted if self.drafted else 0.0
-
-    @property
-    def mean_accepted_length(self) -> float:
-        """Draft tokens kept per verification."""
-        return self.accepted / self.verifications if self.verifications else 0.0
-
-    @property
-    def decode_tps(self) -> float:
-        return self.emitted / self.t_decode_s if self.t_decode_s > 0 else 0.0
-
-    def __iadd__(self, o: SpecStats) -> SpecStats:
-        for f in ("verifications", "drafted", "accepted", "recovered", "bonus", "extra_accepted",
-                  "exact_match_verifications", "fallback_positions", "emitted", "t_prompt_s", "t_decode_s", "n_prompt"):
-            setattr(self, f, getattr(self, f) + getattr(o, f))
-        for f in ("reached", "accepted_at", "expected_accept", "expected_accept_exact"):
-            a, b = getattr(self, f), getattr(o, f)
-            setattr(self, f, [x + y for x, y in zip(a, b, strict=True)])
-        return self
-
-    def as_dict(self) -> dict:
-        n = max((i + 1 for i, r in enumerate(self.reached) if r), default=0)
-        return {
-            "verifications": self.verifications, "drafted": self.drafted, "accepted": self.accepted,
-            "recovered": self.recovered, "bonus": self.bonus, "extra_accepted": self.extra_accepted,
-            "exact_match_verifications": self.exact_match_verifications,
-            "fallback_positions": self.fallback_positions, "emitted": self.emitted,
-            "acceptance_rate": self.acceptance_rate, "mean_accepted_length": self.mean_accepted_length,
-            "reached": self.reached[:n], "accepted_at": self.accepted_at[:n],
-            "expected_accept": self.expected_accept[:n],
-            "expected_accept_exact": self.expected_accept_exact[:n],
-            "n_prompt": self.n_prompt, "t_prompt_s": self.t_prompt_s, "t_decode_s": self.t_decode_s,
-            "decode_tps": self.decode_tps,
-        }
-
-    def summary(self) -> str:
-        return (f"drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance_rate:.1f} %), "
-                f"mean accepted length {self.mean_accepted_length:.2f}, extra accepted {self.extra_accepted}, "
-                f"{self.emitted} tokens at {self.decode_tps:.1f} t/s")
 
 
 @dataclass
@@ -112,6 +48,7 @@ class GenerationResult:
     stats: SpecStats
     prompt_tokens: list[int]
     spec_draft_sample: bool
+    verify: str = "token"      # the rule asked for, after the switch ("exact-match" when it is off)
 
 
 @dataclass
@@ -121,15 +58,105 @@ class TokenEvent:
     accepted_draft: bool
 
 
+class GenerationStream:
+    """Iterable of TokenEvent; ``result`` holds the GenerationResult once iteration has finished."""
+
+    def __init__(self) -> None:
+        self.result: GenerationResult | None = None
+        self._it: Iterator[TokenEvent] = iter(())
+
+    def __iter__(self) -> GenerationStream:
+        return self
+
+    def __next__(self) -> TokenEvent:
+        return next(self._it)
+
+    def close(self) -> None:
+        """Stop early (the generator's context stays usable for the next request)."""
+        close = getattr(self._it, "close", None)
+        if close is not None:
+            close()
+
+
+@dataclass(eq=False)
+class _Request:
+    """One validated request: what the loop needs, built by ``SpeculativeGenerator._request``."""
+
+    prompt: list[int]
+    sampler: TargetSampler
+    rule: Rule
+    switch: bool               # spec_draft_sample: False forces exact-match
+    n_predict: int
+    n_max: int
+    p_min: float
+    stops: list[str]
+    ignore_eos: bool
+    observers: tuple[Observer, ...]   # SpecStats first
+    stats: SpecStats
+    v: Verification
+    info: RequestInfo
+
+
+class _Emitter:
+    """Emits tokens: sampler.accept, detokenize, stop conditions; collects the TokenEvents."""
+
+    def __init__(self, model: Model, req: _Request) -> None:
+        self.model, self.sampler, self.v = model, req.sampler, req.v
+        self.n_predict, self.ignore_eos, self.stops = req.n_predict, req.ignore_eos, req.stops
+        self.stop_len = max(map(len, req.stops)) if req.stops else 0
+        self.decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+        self.parts: list[str] = []
+        self.tokens: list[int] = []
+        self.history = list(req.prompt)
+        self.events: list[TokenEvent] = []
+        self.stop_reason: str | None = None
+        self.tail = ""
+
+    def emit(self, tok: int, was_draft: bool) -> bool:
+        """Emit one decided token (the rules call this); False once the request has stopped."""
+        self.sampler.accept(tok)
+        self.v.emitted.append(tok)
+        self.tokens.append(tok)
+        self.history.append(tok)
+        piece = self.decoder.decode(self.model.token_to_piece(tok))
+        if piece:
+            self.parts.append(piece)
+            if self.stops:
+                self.tail = (self.tail + piece)[-(self.stop_len + len(piece)):]
+                if any(s in self.tail for s in self.stops):
+                    self.stop_reason = "stop"
+        if self.stop_reason is None:
+            if not self.ignore_eos and self.model.is_eog(tok):
+                self.stop_reason = "eos"
+            elif len(self.tokens) >= self.n_predict:
+                self.stop_reason = "length"
+        self.events.append(TokenEvent(tok, piece, was_draft))
+        return self.stop_reason is None
+
+    def take_events(self) -> list[TokenEvent]:
+        ev, self.events = self.events, []
+        return ev
+
+    def text(self) -> str:
+        self.parts.append(self.decoder.decode(b"", final=True))
+        text = "".join(self.parts)
+        if self.stop_reason == "stop":
+            cut = min((text.find(s) for s in self.stops if s in text), default=-1)
+            if cut >= 0:
+                text = text[:cut]
+        return text
+
+
 class SpeculativeGenerator:
     """Owns the target context and a drafter; runs requests one after another.
 
-    ``drafter=None`` is plain (non-speculative) generation with the same sampler: the
-    reference the speculative modes are tested against.
+    ``observers`` watch every request (``add_observer`` adds more); ``stream``/``generate`` take
+    per-request observers too.
     """
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, n_ctx: int = 4096,
-                 n_batch: int = 512, n_threads: int | None = None, n_max: int = 3) -> None:
+                 n_batch: int = 512, n_threads: int | None = None, n_max: int = 3,
+                 observers: Iterable[Observer] = ()) -> None:
         self.model = target
         self.drafter = drafter
         if drafter is not None and drafter.vocab_size and drafter.vocab_size != target.n_vocab:
@@ -146,22 +173,25 @@ class SpeculativeGenerator:
         if drafter is not None:
             drafter.prepare_target(self.ctx)
         self.scratch = _accept.new_scratch(target.n_vocab)
+        self.rules: dict[str, Rule] = make_rules()   # built-in rules by name (they keep scratch)
+        self.observers: list[Observer] = list(observers)
         self._cached_prompt: np.ndarray | None = None
         self.total = SpecStats()
-        self.topk_stats = None  # set by llama_spec.stats.TopKStats.attach()
 
     def close(self) -> None:
         if self.drafter is not None:
             self.drafter.close()
         self.ctx.close()
 
-    # ------------------------------------------------------------------------------------------
-    def _decode_observed(self, tokens: np.ndarray, pos0: int, outputs) -> np.ndarray:
-        logits = self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, outputs)
-        if self.drafter is not None:
-            self.drafter.observe(tokens, pos0, self.ctx)
-        return logits
+    def add_observer(self, observer: Observer) -> Observer:
+        """Watch every later request; returns the observer."""
+        self.observers.append(observer)
+        return observer
 
+    def remove_observer(self, observer: Observer) -> None:
+        self.observers.remove(observer)
+
+    # ------------------------------------------------------------------------------------------
     def stream(
         self,
         prompt: str | Sequence[int],
@@ -170,19 +200,42 @@ class SpeculativeGenerator:
         n_predict: int = 128,
         seed: int | None = None,
         spec_draft_sample: bool | None = None,
+        verify: VerifyName | Rule = "token",
         n_max: int | None = None,
         p_min: float = 0.0,
         stop: Sequence[str] = (),
         reasoning_budget: ReasoningBudget | None = None,
         ignore_eos: bool = False,
+        observers: Iterable[Observer] = (),
         result: list | None = None,
-    ) -> Iterator[TokenEvent]:
-        """Yield tokens as they are emitted; the final GenerationResult is appended to `result`."""
+    ) -> GenerationStream:
+        """Validate the request now; return a stream of TokenEvent (``.result`` after iteration).
+
+        verify: the rule ("token" default, "block", "exact-match", or a Rule object);
+        spec_draft_sample=False (or LLAMA_ARG_SPEC_DRAFT_SAMPLE=0) forces exact-match.
+        ``result`` (a list the GenerationResult is appended to) is kept for older callers.
+        """
+        req = self._request(prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
+                            reasoning_budget, ignore_eos, observers)
+        out = GenerationStream()
+        out._it = self._run(req, out, result)
+        return out
+
+    def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
+        s = self.stream(prompt, **kwargs)
+        for _ in s:
+            pass
+        assert s.result is not None
+        return s.result
+
+    def _request(self, prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
+                 reasoning_budget, ignore_eos, observers) -> _Request:
+        """Check every argument (ValueError naming it) and build the request's objects."""
         sampling = sampling or SamplerParams()
         if seed is not None:
             sampling = sampling.replace(seed=int(seed) & 0xFFFFFFFF)
-        if spec_draft_sample is None:
-            spec_draft_sample = env_flag(ENV_DRAFT_SAMPLE, True)
+        switch = env_flag(ENV_DRAFT_SAMPLE, True) if spec_draft_sample is None else bool(spec_draft_sample)
+        rule = self._rule(verify, switch)
         n_max = self.n_max if n_max is None else int(n_max)
         _check_n_max(n_max)
         if self.recurrent and n_max > self.ctx.n_rs_seq:
@@ -194,188 +247,130 @@ class SpeculativeGenerator:
             raise ValueError(f"p_min must be in [0, 1], got {p_min}")
         if n_predict <= 0:
             raise ValueError(f"n_predict must be > 0, got {n_predict}")
-        prompt_tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not prompt_tokens:
+        tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+        if not tokens:
             raise ValueError("empty prompt")
-        if len(prompt_tokens) >= self.ctx.n_ctx:
-            raise ValueError(f"prompt of {len(prompt_tokens)} tokens does not fit the context of n_ctx={self.ctx.n_ctx} tokens")
-
+        if len(tokens) >= self.ctx.n_ctx:
+            raise ValueError(f"prompt of {len(tokens)} tokens does not fit the context of n_ctx={self.ctx.n_ctx} tokens")
         sampler = TargetSampler(self.model, sampling,
                                 reasoning_budget=reasoning_budget.clone() if reasoning_budget else None)
-        self.last_sampler = sampler
+        stats = SpecStats(n_prompt=len(tokens))
+        obs = (stats, *self.observers, *observers)
         rng = _accept.new_rng_state((sampling.seed ^ _ACCEPT_SEED_SALT) & 0xFFFFFFFF)
-        self.last_rng = rng  # the accept RNG state (tests check greedy leaves it untouched)
-        drafter = self.drafter
-        if drafter is not None:
-            drafter.configure(sampling, sampling.seed, sample=bool(spec_draft_sample),
-                              collect_topk=self.topk_stats is not None)
-        stats = SpecStats(n_prompt=len(prompt_tokens))
-        stops = [s for s in stop if s]
-        decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
-        text_parts: list[str] = []
-        emitted: list[int] = []
-        history = list(prompt_tokens)
+        v = Verification(sampler, rng, self.scratch, record_pq=any(o.wants_pq for o in obs))
+        if self.drafter is not None:
+            self.drafter.configure(sampling, sampling.seed, sample=switch,
+                                   collect_topk=any(o.wants_topk for o in obs))
+        info = RequestInfo(tokens, sampler, rng, rule.name, n_max)
+        return _Request(tokens, sampler, rule, switch, int(n_predict), n_max, float(p_min), [s for s in stop if s],
+                        bool(ignore_eos), obs, stats, v, info)
 
-        # -- prefill (prompt cache: the same prompt as last time re-decodes only its last token) --
-        t0 = time.perf_counter()
-        toks = np.asarray(prompt_tokens, dtype=np.int32)
-        head = toks[:-1]
-        hit = self._cached_prompt is not None and np.array_equal(self._cached_prompt, head)
-        # Recurrent state can only be rolled back n_rs_seq positions: beyond that, prefill again.
-        hit = hit and self.ctx.seq_rm(0, len(head), -1)
-        if hit:
-            if drafter is not None:
-                drafter.restore_prompt(len(head))
+    def _rule(self, verify: VerifyName | Rule, switch: bool) -> Rule:
+        if isinstance(verify, Rule):
+            rule = verify
+        elif verify in RULE_NAMES:
+            rule = self.rules[verify]
         else:
-            self._cached_prompt = None
-            self.ctx.clear()
-            if drafter is not None:
-                drafter.begin(prompt_tokens)
-            for off in range(0, len(head), self.ctx.n_batch):
-                self._decode_observed(head[off : off + self.ctx.n_batch], off, "last")
-            if drafter is not None:
-                drafter.snapshot_prompt(len(head))
-            self._cached_prompt = head.copy()
-        row = self._decode_observed(toks[-1:], len(head), "last")[-1]
+            raise ValueError(f"verify must be one of {', '.join(RULE_NAMES)} (or a Rule), got {verify!r}")
+        return rule if switch else self.rules["exact-match"]
+
+    # -- the loop ---------------------------------------------------------------------------------
+    def _run(self, req: _Request, out: GenerationStream, result: list | None) -> Iterator[TokenEvent]:
+        em = _Emitter(self.model, req)
+        v, drafter, exact = req.v, self.drafter, self.rules["exact-match"]
+        v.emit = em.emit
+        for ob in req.observers:
+            ob.on_request(req.info)
+        t0 = time.perf_counter()
+        logits = self._prefill(req.prompt)
         t1 = time.perf_counter()
-        stats.t_prompt_s = t1 - t0
-
-        stop_reason = None
-        tail = ""
-
-        def emit(tok: int, was_draft: bool) -> TokenEvent:
-            nonlocal stop_reason, tail
-            emitted.append(tok)
-            history.append(tok)
-            stats.emitted += 1
-            piece = decoder.decode(self.model.token_to_piece(tok))
-            if piece:
-                text_parts.append(piece)
-                if stops:
-                    tail = (tail + piece)[-(max(map(len, stops)) + len(piece)):]
-                    if any(s in tail for s in stops):
-                        stop_reason = "stop"
-            if stop_reason is None:
-                if not ignore_eos and self.model.is_eog(tok):
-                    stop_reason = "eos"
-                elif len(emitted) >= n_predict:
-                    stop_reason = "length"
-            return TokenEvent(tok, piece, was_draft)
-
-        # The first token after the prompt is the target's own sample (nothing to verify).
-        pq_log = self.pq_log = [] if self.record_pq else None
-        if pq_log is not None:
-            ids, probs = sampler.candidates(row)
-            pq_log.append((0, ids.copy(), probs.copy(), None, None))
-        tok = sampler.sample(row)
-        sampler.accept(tok)
-        yield emit(tok, False)
-
-        while stop_reason is None:
-            pos0 = len(history) - 1  # position of the last emitted token (not yet decoded)
+        req.stats.t_prompt_s = t1 - t0
+        # The first token after the prompt is the target's own sample: a verification without drafts.
+        pos0, prop, first = len(req.prompt) - 1, Proposal(), True
+        batch = np.asarray(req.prompt[-1:], dtype=np.int32)
+        while True:
+            rule = choose(req.rule, exact, prop, req.sampler, req.switch)
+            v.begin(pos0, batch, logits, prop, rule.name, len(em.tokens), first)
+            n_acc = rule.verify(v)
+            if not first:
+                # Rejected drafts leave no trace: keep [.., last emitted before, kept drafts].
+                self.ctx.rollback(0, pos0 + n_acc + 1)
+                if drafter is not None:
+                    drafter.accepted(n_acc)
+            for ob in req.observers:
+                ob.on_verify(v)
+            yield from em.take_events()
+            if em.stop_reason is not None:
+                break
+            first = False
+            pos0 = len(em.history) - 1  # position of the last emitted token (not yet decoded)
             room = self.ctx.n_ctx - 1 - pos0
             if room < 0:
-                stop_reason = "context_full"
+                em.stop_reason = "context_full"
                 break
-            k_cap = min(n_max, room, n_predict - len(emitted) - 1)
-            prop = drafter.draft(history, k_cap, p_min) if (drafter is not None and k_cap > 0) else Proposal()
-            if len(prop) > k_cap:
-                del prop.tokens[k_cap:]
-            k = len(prop)
-            batch = np.asarray([history[-1], *prop.tokens], dtype=np.int32)
+            prop = self._propose(em.history, min(req.n_max, room, req.n_predict - len(em.tokens) - 1), req.p_min)
+            batch = np.asarray([em.history[-1], *prop.tokens], dtype=np.int32)
             logits = self._decode_observed(batch, pos0, "all")
-            if self.on_verify is not None:
-                self.on_verify(pos0, batch, logits)
-            use_rejection = bool(spec_draft_sample) and k > 0 and prop.has_q and not sampler.has_grammar
-            if k > 0:
-                stats.verifications += 1
-                stats.drafted += k
-                if not use_rejection:
-                    stats.exact_match_verifications += 1
-            n_acc = 0
-            events = []
-            for i in range(k + 1):
-                row = logits[i]
-                if i == k:  # bonus: all drafts kept; the target's own draw from p
-                    tok = sampler.sample(row)
-                    sampler.accept(tok)
-                    if k > 0:
-                        stats.bonus += 1
-                    events.append(emit(tok, False))
-                    break
-                d = prop.tokens[i]
-                stats.reached[i] += 1
-                if use_rejection:
-                    ids, probs, sampled = sampler.candidates_and_sample(row)
-                    if pq_log is not None:
-                        qi, qp = prop.q_ids[i], prop.q_probs[i]
-                        pq_log.append((len(emitted), ids.copy(), probs.copy(), qi, qp))
-                        stats.expected_accept[i] += _sum_min(ids, probs, qi, qp, self.scratch)
-                        stats.expected_accept_exact[i] += float(probs[ids == qi[np.argmax(qp)]].sum())
-                    if _accept.p_is_normalized(probs) and _accept.p_is_normalized(prop.q_probs[i]):
-                        tok, ok = _accept.accept_step_kernel(ids, probs, d, prop.q_ids[i], prop.q_probs[i],
-                                                             rng, self.scratch)
-                        tok, ok = int(tok), bool(ok)
-                        if ok and sampled != d:
-                            stats.extra_accepted += 1
-                    else:
-                        stats.fallback_positions += 1
-                        tok, ok = sampled, sampled == d
-                else:
-                    tok = sampler.sample(row)
-                    ok = tok == d
-                sampler.accept(tok)
-                events.append(emit(tok, ok))
-                if ok:
-                    n_acc += 1
-                    stats.accepted += 1
-                    stats.accepted_at[i] += 1
-                else:
-                    stats.recovered += 1
-                if not ok or stop_reason is not None:
-                    break
-            # Rejected drafts leave no trace: keep [.., last emitted before, kept drafts].
-            self.ctx.rollback(0, pos0 + n_acc + 1)
-            if drafter is not None:
-                drafter.accepted(n_acc)
-            if self.topk_stats is not None and k > 0:
-                self.topk_stats.record(prop, emitted[-len(events):], n_acc)
-            yield from events
-
-        text_parts.append(decoder.decode(b"", final=True))
-        text = "".join(text_parts)
-        if stop_reason == "stop":
-            cut = min((text.find(s) for s in stops if s in text), default=-1)
-            if cut >= 0:
-                text = text[:cut]
-        stats.t_decode_s = time.perf_counter() - t1
-        self.total += stats
-        res = GenerationResult(text=text, tokens=emitted, stop_reason=stop_reason, stats=stats,
-                               prompt_tokens=prompt_tokens, spec_draft_sample=bool(spec_draft_sample))
-        self.last_result = res
+        req.stats.t_decode_s = time.perf_counter() - t1
+        res = self._finish(req, em)
+        out.result = res
         if result is not None:
             result.append(res)
 
-    # Tests and scripts set record_pq to log sum min(p, q) per position into the stats, and
-    # (emitted index, p ids, p probs, q ids, q probs) of the last request into pq_log (the first
-    # token's entry has q None).
-    record_pq = False
-    pq_log: list | None = None
-    on_verify = None   # optional callback(pos0, batch_tokens, logits_view) after each target batch
+    def _finish(self, req: _Request, em: _Emitter) -> GenerationResult:
+        self.total += req.stats
+        res = GenerationResult(text=em.text(), tokens=em.tokens, stop_reason=em.stop_reason or "length",
+                               stats=req.stats, prompt_tokens=req.prompt, spec_draft_sample=req.switch,
+                               verify=req.rule.name)
+        for ob in req.observers:
+            ob.on_result(res)
+        return res
 
-    def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
-        out: list[GenerationResult] = []
-        for _ in self.stream(prompt, result=out, **kwargs):
-            pass
-        return out[0]
+    def _propose(self, history: list[int], k_cap: int, p_min: float) -> Proposal:
+        """The drafter's proposal for the next verification, cut to k_cap tokens."""
+        if self.drafter is None or k_cap <= 0:
+            return Proposal()
+        prop = self.drafter.draft(history, k_cap, p_min)
+        if len(prop) > k_cap:
+            for seq in (prop.tokens, prop.q_ids, prop.q_probs, prop.topk_ids, prop.topk_probs):
+                if seq is not None:
+                    del seq[k_cap:]
+        return prop
 
+    def _decode_observed(self, tokens: np.ndarray, pos0: int, outputs: str) -> np.ndarray:
+        logits = self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, outputs)
+        if self.drafter is not None:
+            self.drafter.observe(tokens, pos0, self.ctx)
+        return logits
 
-def _sum_min(p_ids, p_probs, q_ids, q_probs, scratch) -> float:
-    """sum_y min(p(y), q(y)): the rejection rule's acceptance probability at this position."""
-    scratch[q_ids] = q_probs
-    s = float(np.minimum(p_probs, scratch[p_ids]).sum())
-    scratch[q_ids] = 0.0
-    return s
+    def _prefill(self, prompt: list[int]) -> np.ndarray:
+        """Decode the prompt as llama-completion does: all of it, last token included, in chunks of
+        n_batch with the last token's logits; returns those logits, (1, n_vocab).
+
+        Prompt cache: when the prompt equals the last one up to its last token, only that token is
+        re-decoded on its own. Then (with repacked weights) its logits may differ from
+        llama-completion's in the last bits, since batched and single-token kernels round differently.
+        """
+        toks = np.asarray(prompt, dtype=np.int32)
+        n_head = len(toks) - 1
+        drafter = self.drafter
+        # Recurrent state can only be rolled back n_rs_seq positions: beyond that, prefill again.
+        if (self._cached_prompt is not None and np.array_equal(self._cached_prompt, toks[:-1])
+                and self.ctx.seq_rm(0, n_head, -1)):
+            if drafter is not None:
+                drafter.restore_prompt(n_head)
+            return self._decode_observed(toks[-1:], n_head, "last")
+        self._cached_prompt = None
+        self.ctx.clear()
+        if drafter is not None:
+            drafter.begin(prompt)
+        n_batch = self.ctx.n_batch
+        for off in range(0, len(toks), n_batch):
+            logits = self._decode_observed(toks[off : off + n_batch], off, "last")
+        if drafter is not None:
+            drafter.snapshot_prompt(n_head)
+        self._cached_prompt = toks[:-1].copy()
+        return logits
 
 
 def _check_n_max(n_max: int) -> None:
@@ -385,14 +380,14 @@ def _check_n_max(n_max: int) -> None:
 
 def generate(target: Model, prompt: str | Sequence[int], *, drafter: Drafter | None = None,
              sampling: SamplerParams | None = None, n_predict: int = 128, seed: int | None = None,
-             spec_draft_sample: bool | None = None, n_max: int = 3, p_min: float = 0.0,
-             stop: Sequence[str] = (), reasoning_budget: ReasoningBudget | None = None,
+             spec_draft_sample: bool | None = None, verify: VerifyName = "token", n_max: int = 3,
+             p_min: float = 0.0, stop: Sequence[str] = (), reasoning_budget: ReasoningBudget | None = None,
              n_ctx: int = 4096, n_threads: int | None = None) -> GenerationResult:
-    """One request: build a generator around `target` (and `drafter`), run it, free it."""
+    """One request: build a generator around `target` (and `drafter`), run it, free its context."""
     gen = SpeculativeGenerator(target, drafter, n_ctx=n_ctx, n_threads=n_threads, n_max=n_max)
     try:
         return gen.generate(prompt, sampling=sampling, n_predict=n_predict, seed=seed,
-                            spec_draft_sample=spec_draft_sample, n_max=n_max, p_min=p_min, stop=stop,
-                            reasoning_budget=reasoning_budget)
+                            spec_draft_sample=spec_draft_sample, verify=verify, n_max=n_max, p_min=p_min,
+                            stop=stop, reasoning_budget=reasoning_budget)
     finally:
         gen.ctx.close()

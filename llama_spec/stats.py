@@ -1,4 +1,12 @@
-"""Draft diagnostics: would drafting wider pay?
+"""Observers that count: SpecStats (every request's counters) and TopKStats (draft diagnostics).
+
+SpecStats
+    Counters of one generation (GenerationResult.stats; cumulated with ``+=``). Two lengths, as
+    DESIGN.md defines them: ``mean_accepted_length`` = kept drafts per verification, and
+    ``tokens_per_verification`` = emitted tokens per verification (kept + recovered/bonus; vLLM's
+    "acceptance length").
+
+TopKStats: would drafting wider pay?
 
 Per draft position i (up to 16) over the drafter's top-8 candidates there:
 
@@ -8,8 +16,8 @@ Per draft position i (up to 16) over the drafter's top-8 candidates there:
 * the gain of widening: among rejections at i, the fraction whose emitted token was the
   drafter's rank 2 (what a width-2 tree would have recovered) and rank 2-3 (width 3).
 
-Off by default and inert when off: the loop only checks ``topk_stats is not None`` once per
-verification and the drafters skip collecting candidates. On by ``topk_stats=True``,
+Off by default and inert when off: it is an observer (``TopKStats().attach(gen)``), and only
+when one is attached do the drafters collect candidates. On by ``topk_stats=True``,
 ``--spec-topk-stats`` or ``LLAMA_MTP_TOPK_STATS=1``; a report every N verifications (N from
 ``--spec-topk-stats-every`` / ``LLAMA_MTP_TOPK_STATS_EVERY``, default 128) and at the end.
 """
@@ -19,10 +27,18 @@ from __future__ import annotations
 import json
 import os
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from .drafters.base import TOPK_WIDTH
+from .observers import Observer
+
+if TYPE_CHECKING:
+    from .rules.base import Verification
+
+N_MAX_LIMIT = 64  # the most draft positions a verification can have (SpeculativeGenerator's n_max)
 
 MAX_POSITIONS = 16
 ENV_ON = "LLAMA_MTP_TOPK_STATS"
@@ -56,8 +72,118 @@ def topk_settings(flag: bool | None = None, every: int | None = None) -> tuple[b
     return bool(flag), int(every)
 
 
-class TopKStats:
+
+@dataclass
+class SpecStats(Observer):
+    """Counters of one generation (or cumulated with ``+=``); an observer of its request."""
+
+    verifications: int = 0      # target verification batches that carried >= 1 draft token
+    drafted: int = 0            # draft tokens proposed
+    accepted: int = 0           # draft tokens kept
+    recovered: int = 0          # tokens emitted at the first rejection
+    bonus: int = 0              # tokens drawn from p after all k drafts were kept
+    extra_accepted: int = 0     # kept although the target's own sample there was another token
+    exact_match_verifications: int = 0  # verifications run with the exact-match rule
+    block_verifications: int = 0        # verifications run with the block rule
+    fallback_positions: int = 0  # positions where p was not normalized (exact match used)
+    emitted: int = 0
+    reached: list[int] = field(default_factory=lambda: [0] * N_MAX_LIMIT)        # per position
+    accepted_at: list[int] = field(default_factory=lambda: [0] * N_MAX_LIMIT)    # per position
+    # sum min(p, q) per reached position: filled only while an observer wants p/q (PQLog)
+    expected_accept: list[float] = field(default_factory=lambda: [0.0] * N_MAX_LIMIT)
+    # p(argmax q) at the same positions: what the exact-match rule with an argmax draft accepts
+    expected_accept_exact: list[float] = field(default_factory=lambda: [0.0] * N_MAX_LIMIT)
+    t_prompt_s: float = 0.0
+    t_decode_s: float = 0.0
+    n_prompt: int = 0
+
+    _SUMS = ("verifications", "drafted", "accepted", "recovered", "bonus", "extra_accepted",
+             "exact_match_verifications", "block_verifications", "fallback_positions", "emitted",
+             "t_prompt_s", "t_decode_s", "n_prompt")
+    _LISTS = ("reached", "accepted_at", "expected_accept", "expected_accept_exact")
+
+    @property
+    def acceptance_rate(self) -> float:
+        return self.accepted / self.drafted if self.drafted else 0.0
+
+    @property
+    def mean_accepted_length(self) -> float:
+        """Draft tokens kept per verification (verifications with >= 1 draft)."""
+        return self.accepted / self.verifications if self.verifications else 0.0
+
+    @property
+    def tokens_per_verification(self) -> float:
+        """Tokens emitted per verification: kept + recovered/bonus (vLLM's "acceptance length")."""
+        return (self.accepted + self.recovered + self.bonus) / self.verifications if self.verifications else 0.0
+
+    @property
+    def decode_tps(self) -> float:
+        return self.emitted / self.t_decode_s if self.t_decode_s > 0 else 0.0
+
+    def on_verify(self, v: Verification) -> None:
+        """Count one verification (O(1) Python unless p/q were logged for it)."""
+        self.emitted += len(v.emitted)
+        k = len(v.proposal)
+        if k == 0:
+            return
+        n_acc, n_out = v.n_accepted, len(v.emitted)
+        self.verifications += 1
+        self.drafted += k
+        if v.rule == "exact-match":
+            self.exact_match_verifications += 1
+        elif v.rule == "block":
+            self.block_verifications += 1
+        self.accepted += n_acc
+        self.extra_accepted += v.n_extra
+        self.fallback_positions += v.n_fallback
+        n_reached = min(n_out, k)
+        for i in range(n_reached):
+            self.reached[i] += 1
+        for i in range(n_acc):
+            self.accepted_at[i] += 1
+        if n_out > n_acc:
+            if n_acc < k:
+                self.recovered += 1
+            else:
+                self.bonus += 1
+        if v.pq is not None and v.rule != "exact-match":
+            self._expected(v, n_reached)
+
+    def _expected(self, v: Verification, n_reached: int) -> None:
+        for idx, ids, probs, q_ids, q_probs in v.pq or ():
+            i = idx - v.emitted_index
+            if i >= n_reached or q_ids is None or q_probs is None:
+                continue
+            _, ia, ib = np.intersect1d(ids, q_ids, assume_unique=True, return_indices=True)
+            self.expected_accept[i] += float(np.minimum(probs[ia], q_probs[ib]).sum())
+            self.expected_accept_exact[i] += float(probs[ids == q_ids[np.argmax(q_probs)]].sum())
+
+    def __iadd__(self, o: SpecStats) -> SpecStats:
+        for f in self._SUMS:
+            setattr(self, f, getattr(self, f) + getattr(o, f))
+        for f in self._LISTS:
+            a, b = getattr(self, f), getattr(o, f)
+            setattr(self, f, [x + y for x, y in zip(a, b, strict=True)])
+        return self
+
+    def as_dict(self) -> dict[str, Any]:
+        n = max((i + 1 for i, r in enumerate(self.reached) if r), default=0)
+        d: dict[str, Any] = {f: getattr(self, f) for f in self._SUMS}
+        d.update({f: getattr(self, f)[:n] for f in self._LISTS})
+        d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
+                 tokens_per_verification=self.tokens_per_verification, decode_tps=self.decode_tps)
+        return d
+
+    def summary(self) -> str:
+        return (f"drafted {self.drafted}, accepted {self.accepted} ({100 * self.acceptance_rate:.1f} %), "
+                f"mean accepted length {self.mean_accepted_length:.2f} (kept drafts per verification), "
+                f"tokens per verification {self.tokens_per_verification:.2f} (emitted, incl. recovered/bonus), "
+                f"extra accepted {self.extra_accepted}, {self.emitted} tokens at {self.decode_tps:.1f} t/s")
+
+class TopKStats(Observer):
     """Accumulates per-position rank statistics of the emitted tokens among the draft's top-8."""
+
+    wants_topk = True
 
     def __init__(self, every: int = DEFAULT_EVERY, log: Callable[[str], None] | None = None,
                  n_positions: int = MAX_POSITIONS, width: int = TOPK_WIDTH) -> None:
@@ -76,9 +202,14 @@ class TopKStats:
         self.rank2_prob_n = np.zeros(n_positions, dtype=np.int64)
         self.verifications = 0
 
-    def attach(self, generator) -> TopKStats:
-        generator.topk_stats = self
+    def attach(self, generator: Any) -> TopKStats:
+        """Watch every request of `generator` (a SpeculativeGenerator) from now on."""
+        generator.add_observer(self)
         return self
+
+    def on_verify(self, v: Verification) -> None:
+        if len(v.proposal):
+            self.record(v.proposal, v.emitted, v.n_accepted)
 
     def record(self, proposal, emitted: Sequence[int], n_accepted: int) -> None:
         """One verification: `emitted` are the tokens the loop emitted for it, in order.

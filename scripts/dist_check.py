@@ -1,13 +1,13 @@
 #!/usr/bin/env python3
-"""Full-N version of tests/test_distribution.py: rejection rule vs plain sampling, and the
-deliberately broken rule, on Qwen2.5-Coder 1.5B <- 0.5B at temperature 1.0.
+"""Full-N version of tests/test_distribution.py: a rejection rule (token or block) vs plain
+sampling, and the deliberately broken rule, on Qwen2.5-Coder 1.5B <- 0.5B at temperature 1.0.
 
 Joint samples (t0, t1) of the first two emitted tokens, N seeds per arm. Besides the two
 p-values it prints the power the test had against the broken rule at this N, computed from the
 exact laws rebuilt from the logged p and q (see llama_spec.testing.distribution).
 Exit status 0 iff p(rule vs plain) > 5e-5 and p(broken vs plain) < 5e-5.
 
-    python scripts/dist_check.py --n 2500 [--json out.json]
+    python scripts/dist_check.py --n 2500 [--verify token|block] [--json out.json]
 """
 
 from __future__ import annotations
@@ -29,8 +29,10 @@ def main() -> int:
     ap.add_argument("--n", type=int, default=2500, help="seeds per arm")
     ap.add_argument("--temp", type=float, default=1.0)
     ap.add_argument("--prompt", default="Q: Name a programming language.\nA:")
+    ap.add_argument("--verify", choices=["token", "block"], default="token")
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
+    broken = dist.BrokenTokenRule() if ns.verify == "token" else dist.BrokenBlockRule()
     sampling = SamplerParams(temp=ns.temp, top_k=40, top_p=1.0, min_p=0.0)
     target = Model(model_path("qwen2.5-coder-1.5b"))
     draft = Model(model_path("qwen2.5-coder-0.5b"))
@@ -42,19 +44,14 @@ def main() -> int:
     laws = dist.FirstTwoLaws()
     ref = dist.joint_samples(plain, ns.prompt, range(ns.n), sampling=sampling, n_predict=2, progress=tick)
     new = dist.joint_samples(spec, ns.prompt, range(10_000, 10_000 + ns.n), sampling=sampling, n_predict=3,
-                             progress=tick, laws=laws)
+                             progress=tick, laws=laws, verify=ns.verify)
     power, lam, _ = dist.broken_rule_power(laws, ns.n, 5e-5)
-    import llama_spec.speculative as sp
-
-    good_kernel = sp._accept.accept_step_kernel
-    sp._accept.accept_step_kernel = dist.broken_accept_step
     bad = dist.joint_samples(spec, ns.prompt, range(20_000, 20_000 + ns.n), sampling=sampling, n_predict=3,
-                             progress=tick)
-    sp._accept.accept_step_kernel = good_kernel
+                             progress=tick, verify=broken)
     bar.close()
     p_ok, cells = dist.homogeneity_pvalue(ref, new)
     p_bad, _ = dist.homogeneity_pvalue(ref, bad)
-    out = {"n": ns.n, "temp": ns.temp, "cells": cells, "p_rejection_vs_plain": p_ok,
+    out = {"n": ns.n, "temp": ns.temp, "verify": ns.verify, "cells": cells, "p_rejection_vs_plain": p_ok,
            "p_broken_vs_plain": p_bad, "power_vs_broken": power, "noncentrality": lam,
            "acceptance_t1": laws.acceptance(), "acceptance_rate": spec.total.acceptance_rate,
            "seconds": time.time() - t0}

@@ -21,6 +21,14 @@ the test at a given N *before* looking at the broken arm:
   a generation costs ~8 ms, so N = 4,000 per arm fits the suite (lambda ~ 240). The test asserts
   the computed power is > 1 - 1e-4 before asserting that the broken rule is caught, so a miss is
   also rarer than 1 in 10,000.
+
+The same two tests run for the block rule (``verify="block"``). With n_predict = 3 the verifier
+sees one draft at t1 (k = 1), where the block rule's law equals the token rule's (invariant 9),
+so the broken block rule (redraw from p at the rejection instead of the residual) has exactly
+the broken token rule's law and the same computed power. A further exactness test runs the
+block rule with k = 3 drafts at t1 (n_predict = 5), where the joint decision matters; its
+power against a broken variant is not computed (the law of a 3-draft block depends on the
+sampled draft path), so it checks exactness only.
 """
 
 from __future__ import annotations
@@ -65,27 +73,38 @@ def synth_gens():
     m.close()
 
 
-def _arms(spec, plain, prompt, n, laws=None):
-    # plain: 2 tokens are (t0, t1); spec: n_predict 3 leaves room for one draft at t1 + the bonus
-    ref = dist.joint_samples(plain, prompt, range(n), sampling=SAMPLING, n_predict=2)
-    new = dist.joint_samples(spec, prompt, range(10_000, 10_000 + n), sampling=SAMPLING, n_predict=3, laws=laws)
+_PLAIN_CACHE: dict = {}
+
+
+def _arms(spec, plain, prompt, n, laws=None, verify="token", n_predict=3):
+    # plain: 2 tokens are (t0, t1); spec: n_predict 3 leaves room for one draft at t1 + the bonus.
+    # The plain arm is shared by the rules (same seeds): each rule's arm is compared with it.
+    key = (id(plain), prompt, n)
+    if key not in _PLAIN_CACHE:
+        _PLAIN_CACHE[key] = dist.joint_samples(plain, prompt, range(n), sampling=SAMPLING, n_predict=2)
+    ref = _PLAIN_CACHE[key]
+    new = dist.joint_samples(spec, prompt, range(10_000, 10_000 + n), sampling=SAMPLING, n_predict=n_predict,
+                             laws=laws, verify=verify)
     return ref, new
 
 
-def test_real_pair_rejection_rule_matches_plain_sampling(real_gens):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_real_pair_rejection_rule_matches_plain_sampling(real_gens, verify):
     spec, plain = real_gens
-    drafted0 = spec.total.drafted
-    ref, new = _arms(spec, plain, REAL_PROMPT, N_REAL)
+    drafted0, block0 = spec.total.drafted, spec.total.block_verifications
+    ref, new = _arms(spec, plain, REAL_PROMPT, N_REAL, verify=verify)
     assert spec.total.drafted - drafted0 == N_REAL  # every t1 went through the verifier
+    assert spec.total.block_verifications - block0 == (N_REAL if verify == "block" else 0)
     p_ok, cells = dist.homogeneity_pvalue(ref, new)
     assert cells >= 5
     assert p_ok > THRESHOLD, (p_ok, cells)
 
 
-def test_synthetic_rejection_rule_matches_plain_and_broken_rule_is_caught(synth_gens, monkeypatch):
+@pytest.mark.parametrize("verify", ["token", "block"])
+def test_synthetic_rejection_rule_matches_plain_and_broken_rule_is_caught(synth_gens, verify):
     spec, plain = synth_gens
     laws = dist.FirstTwoLaws()
-    ref, new = _arms(spec, plain, SYNTH_PROMPT, N_SYNTH, laws)
+    ref, new = _arms(spec, plain, SYNTH_PROMPT, N_SYNTH, laws, verify=verify)
     p_ok, cells = dist.homogeneity_pvalue(ref, new)
     assert cells >= 20
     assert p_ok > THRESHOLD, (p_ok, cells)
@@ -95,9 +114,20 @@ def test_synthetic_rejection_rule_matches_plain_and_broken_rule_is_caught(synth_
     power, lam, _ = dist.broken_rule_power(laws, N_SYNTH, THRESHOLD)
     assert power > 1 - 1e-4, (power, lam)
 
-    import llama_spec.speculative as sp
-
-    monkeypatch.setattr(sp._accept, "accept_step_kernel", dist.broken_accept_step)
-    bad = dist.joint_samples(spec, SYNTH_PROMPT, range(20_000, 20_000 + N_SYNTH), sampling=SAMPLING, n_predict=3)
+    broken = dist.BrokenTokenRule() if verify == "token" else dist.BrokenBlockRule()
+    bad = dist.joint_samples(spec, SYNTH_PROMPT, range(20_000, 20_000 + N_SYNTH), sampling=SAMPLING, n_predict=3,
+                             verify=broken)
     p_bad, _ = dist.homogeneity_pvalue(ref, bad)
     assert p_bad < THRESHOLD, (p_bad, lam)
+
+
+def test_synthetic_block_rule_with_three_drafts_matches_plain(synth_gens):
+    """k = 3 drafts at t1 (n_predict 5): the block rule's joint decision, exactness of (t0, t1)."""
+    spec, plain = synth_gens
+    d0, v0 = spec.total.drafted, spec.total.verifications
+    ref, new = _arms(spec, plain, SYNTH_PROMPT, N_SYNTH, verify="block", n_predict=5)
+    assert spec.total.drafted - d0 >= 3 * N_SYNTH  # t1's verification carried 3 drafts every time
+    assert spec.total.verifications - v0 >= N_SYNTH
+    p_ok, cells = dist.homogeneity_pvalue(ref, new)
+    assert cells >= 20
+    assert p_ok > THRESHOLD, (p_ok, cells)

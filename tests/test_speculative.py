@@ -6,7 +6,11 @@ import numpy as np
 import pytest
 
 from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator
-from llama_spec.speculative import ENV_DRAFT_SAMPLE, SpecStats
+from llama_spec.observers import PQLog, RequestWatch
+from llama_spec.speculative import ENV_DRAFT_SAMPLE
+from llama_spec.stats import SpecStats
+
+RULES = ("token", "block", "exact-match")
 
 PROMPTS = [
     "Write a Python function that returns the n-th Fibonacci number.\n",
@@ -43,6 +47,8 @@ def test_greedy_draft_simple_equals_plain(pair, prompt):
         r = spec.generate(prompt, sampling=GREEDY, n_predict=128, spec_draft_sample=rule, ignore_eos=True)
         assert r.tokens == ref.tokens, f"spec_draft_sample={rule}"
         assert r.stats.drafted > 0 and r.stats.accepted > 0
+    r = spec.generate(prompt, sampling=GREEDY, n_predict=128, verify="block", ignore_eos=True)
+    assert r.tokens == ref.tokens and r.stats.block_verifications == r.stats.verifications > 0
 
 
 @pytest.mark.parametrize("prompt", ["Hello world, this is", "Once upon a time"])
@@ -57,15 +63,27 @@ def test_greedy_draft_mtp_equals_plain(mtp_pair, prompt):
         assert r.stats.acceptance_rate > 0.95
 
 
-def test_greedy_consumes_no_accept_randomness(mtp_pair):
+@pytest.mark.parametrize("verify", RULES)
+def test_greedy_every_rule_is_exact_match_and_consumes_no_accept_randomness(mtp_pair, verify):
     from llama_spec import accept as acc
     from llama_spec.speculative import _ACCEPT_SEED_SALT
 
     spec, _ = mtp_pair
-    r = spec.generate("Hello world", sampling=GREEDY, seed=11, n_predict=32, spec_draft_sample=True, ignore_eos=True)
+    exact = spec.generate("Hello world", sampling=GREEDY, seed=11, n_predict=32, verify="exact-match",
+                          ignore_eos=True)
+    watch = RequestWatch()
+    r = spec.generate("Hello world", sampling=GREEDY, seed=11, n_predict=32, spec_draft_sample=True, verify=verify,
+                      ignore_eos=True, observers=[watch])
+    assert r.tokens == exact.tokens and r.verify == verify
     assert r.stats.verifications > 0 and r.stats.extra_accepted == 0
     untouched = acc.new_rng_state((11 ^ _ACCEPT_SEED_SALT) & 0xFFFFFFFF)
-    np.testing.assert_array_equal(spec.last_rng, untouched)
+    np.testing.assert_array_equal(watch.rng_at_start, untouched)
+    np.testing.assert_array_equal(watch.info.rng, untouched)  # the live accept RNG, after the request
+    # the test can fail: a sampled request does advance it
+    watch2 = RequestWatch()
+    spec.generate("Hello world", sampling=SamplerParams(temp=0.8), seed=11, n_predict=32, verify=verify,
+                  ignore_eos=True, observers=[watch2])
+    assert (verify == "exact-match") == np.array_equal(watch2.info.rng, untouched)
 
 
 # -- invariant 4: exact-match mode reproduces plain seeded generation ------------------------------
@@ -143,13 +161,10 @@ def test_rejection_rule_accepts_more_than_exact_match(pair, temp):
     noise bands, are measured by scripts/bench_spec.py). Averaged over the positions visited,
     the rejection rule must accept more at each temperature."""
     spec, _ = pair
-    spec.record_pq = True
     total = SpecStats()
-    try:
-        for prompt in PROMPTS:
-            total += spec.generate(prompt, sampling=SamplerParams(temp=temp), seed=1, n_predict=64, ignore_eos=True).stats
-    finally:
-        spec.record_pq = False
+    for prompt in PROMPTS:
+        total += spec.generate(prompt, sampling=SamplerParams(temp=temp), seed=1, n_predict=64, ignore_eos=True,
+                               observers=[PQLog()]).stats
     visits = sum(total.reached)
     assert visits > 60
     new = sum(total.expected_accept) / visits
@@ -168,14 +183,11 @@ def test_per_position_acceptance_matches_sum_min_pq(mtp_sigma_pair):
     4.5 standard errors < 2 % and checks both.
     """
     spec = mtp_sigma_pair
-    spec.record_pq = True
     s = SamplerParams(temp=0.8, top_k=40)
     total = SpecStats()
-    try:
-        for seed in range(6):
-            total += spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=200, ignore_eos=True).stats
-    finally:
-        spec.record_pq = False
+    for seed in range(6):
+        total += spec.generate("Once upon a time", sampling=s, seed=seed, n_predict=200, ignore_eos=True,
+                               observers=[PQLog()]).stats
     for i in range(3):
         n = total.reached[i]
         assert n > 40
@@ -219,12 +231,10 @@ def test_rollback_next_verification_sees_only_accepted_prefix(mtp_sigma_pair):
 
     spec = mtp_sigma_pair
     m = spec.model
-    seen = []
-    spec.on_verify = lambda pos0, batch, logits: seen.append((pos0, batch.copy(), logits.copy()))
-    try:
-        r = spec.generate("Once upon a time", sampling=SamplerParams(temp=0.8), seed=4, n_predict=60, ignore_eos=True)
-    finally:
-        spec.on_verify = None
+    watch = RequestWatch(keep_logits=True)
+    r = spec.generate("Once upon a time", sampling=SamplerParams(temp=0.8), seed=4, n_predict=60, ignore_eos=True,
+                      observers=[watch])
+    seen = watch.verifications
     history = r.prompt_tokens + r.tokens
     checked = 0
     for (pos0_a, batch_a, _), (pos0_b, batch_b, logits_b) in zip(seen, seen[1:], strict=False):
@@ -251,8 +261,8 @@ def test_rollback_next_verification_sees_only_accepted_prefix(mtp_sigma_pair):
 
 
 # -- invariant 5: reasoning budget, accept() exactly once per emitted token --------------------------
-@pytest.mark.parametrize("rule", [True, False])
-def test_reasoning_budget_with_both_rules(rule):
+@pytest.mark.parametrize("rule", RULES)
+def test_reasoning_budget_with_every_rule(rule):
     from llama_spec import ReasoningBudget
     from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
 
@@ -262,16 +272,18 @@ def test_reasoning_budget_with_both_rules(rule):
     start, end, forced = tok("<think>"), tok("</think>"), tok("\n</think>\n\n")
     prompt = tok("<|im_start|>user\nWhy is the sky blue?<|im_end|>\n<|im_start|>assistant\n<think>\n")
     rb = ReasoningBudget(m, start=[start], end=[end], forced=forced, budget=8, initial_state="counting")
+    watch = RequestWatch()
     r = spec.generate(prompt, sampling=SamplerParams(temp=0.8), seed=2, n_predict=40, reasoning_budget=rb,
-                      spec_draft_sample=rule, ignore_eos=True)
+                      spec_draft_sample=rule != "exact-match", verify=rule if rule != "exact-match" else "token",
+                      ignore_eos=True, observers=[watch])
     toks = r.tokens
     # 8 free tokens (a few more only if the 8th ended inside a UTF-8 character), then the forced end
     i = next(j for j in range(len(toks)) if toks[j:j + len(forced)] == forced)
     assert 8 <= i <= 11, (i, toks[:16])
     assert end[0] not in toks[:i]
     assert len(toks) > i + len(forced)  # and the answer continues after the block
-    assert spec.last_sampler.n_accept_calls == len(toks)  # exactly once per emitted token
-    assert spec.last_sampler.budget.state == "done"
+    assert watch.info.sampler.n_accept_calls == len(toks)  # exactly once per emitted token
+    assert watch.info.sampler.budget.state == "done"
     assert r.stats.verifications > 0
     spec.close()
     m.close()

@@ -62,7 +62,15 @@ class MtpDrafter(Drafter):
         self.pending_h[:] = 0.0
 
     def snapshot_prompt(self, n_tokens: int) -> None:
-        self._prompt_h = self.pending_h.copy()
+        # The row a re-decoded token at position n_tokens pairs with: the target's h at n_tokens - 1
+        # (the prompt was observed whole, so take it from the last batch, or the one before it).
+        i = n_tokens - 1 - self._pos0
+        if 0 <= i < len(self._verify_h):
+            self._prompt_h = self._verify_h[i].copy()
+        elif i == -1:
+            self._prompt_h = self._pairs[0].copy()  # pending_h as the last batch began
+        else:
+            self._prompt_h = np.zeros(self.n_embd, dtype=np.float32)
 
     def restore_prompt(self, n_tokens: int) -> None:
         self.ctx.rollback(0, n_tokens)

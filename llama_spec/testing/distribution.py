@@ -7,8 +7,8 @@ The two arms' joint histograms are compared with a chi-square test of homogeneit
 top cells (cells with a pooled count < 10 are merged into one "other" cell so every expected
 count is comfortably above 5).
 
-`FirstTwoLaws` rebuilds the exact law of (t0, t1) from the p and q the generator logs
-(``record_pq``), under the correct rule and under the broken one, so a test can state the power
+`FirstTwoLaws` rebuilds the exact law of (t0, t1) from the p and q logged by a ``PQLog``
+observer, under the correct rule and under the broken one, so a test can state the power
 its N gives against the broken rule instead of hoping for it.
 """
 
@@ -19,6 +19,9 @@ from collections.abc import Callable, Iterable
 
 import numpy as np
 from scipy import stats
+
+from llama_spec.observers import PQLog
+from llama_spec.rules import BlockRule, TokenRule, Verification
 
 
 class FirstTwoLaws:
@@ -34,8 +37,9 @@ class FirstTwoLaws:
         self.p0: dict[int, float] = {}
         self.cond: dict[int, tuple[np.ndarray, np.ndarray, np.ndarray]] = {}
 
-    def observe(self, gen, tokens: list[int]) -> None:
-        log = gen.pq_log or []
+    def observe(self, log: PQLog, tokens: list[int]) -> None:
+        """Collect p0 and (p1, q1) from the p/q log of one request that emitted `tokens`."""
+        log = log.entries
         first = [e for e in log if e[0] == 0]
         if first and not self.p0:
             _, ids, probs, _, _ = first[0]
@@ -89,24 +93,21 @@ def broken_rule_power(laws: FirstTwoLaws, n: int, alpha: float, min_pooled: int 
 
 def joint_samples(gen, prompt, seeds: Iterable[int], *, sampling, spec_draft_sample: bool | None = True,
                   n_predict: int = 3, progress: Callable[[int], None] | None = None,
-                  laws: FirstTwoLaws | None = None) -> Counter:
+                  laws: FirstTwoLaws | None = None, verify="token") -> Counter:
     """Histogram of (t0, t1) over `seeds`. n_predict >= 3 lets the drafter propose for t1
-    (a request keeps room for the bonus token). With `laws`, p and q are logged and collected."""
+    (a request keeps room for the bonus token). With `laws`, p and q are logged and collected.
+    `verify`: a rule name or a Rule object (e.g. the broken rules below)."""
     out: Counter = Counter()
-    if laws is not None:
-        gen.record_pq = True
-    try:
-        for i, seed in enumerate(seeds):
-            r = gen.generate(prompt, sampling=sampling, seed=seed, n_predict=n_predict,
-                             spec_draft_sample=spec_draft_sample, ignore_eos=True)
-            out[(r.tokens[0], r.tokens[1])] += 1
-            if laws is not None:
-                laws.observe(gen, r.tokens)
-            if progress is not None:
-                progress(i)
-    finally:
+    log = PQLog()
+    obs = [log] if laws is not None else []
+    for i, seed in enumerate(seeds):
+        r = gen.generate(prompt, sampling=sampling, seed=seed, n_predict=n_predict,
+                         spec_draft_sample=spec_draft_sample, verify=verify, ignore_eos=True, observers=obs)
+        out[(r.tokens[0], r.tokens[1])] += 1
         if laws is not None:
-            gen.record_pq = False
+            laws.observe(log, r.tokens)
+        if progress is not None:
+            progress(i)
     return out
 
 
@@ -146,3 +147,37 @@ def broken_accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, s
     cdf = np.cumsum(p_probs, dtype=np.float64)
     j = int(np.searchsorted(cdf, _py_next_uniform(rng_state) * cdf[-1], side="right"))
     return int(p_ids[min(j, len(p_ids) - 1)]), False
+
+
+class BrokenTokenRule(TokenRule):
+    """The token rule with `broken_accept_step`: recovers from p instead of the residual."""
+
+    name = "token"
+    step_kernel = staticmethod(broken_accept_step)
+
+
+class BrokenBlockRule(BlockRule):
+    """The block rule, broken the same way: at a rejection the emitted token is redrawn from p at
+    that position instead of the kernel's residual. Emits min(p, q) + (1 - sum min(p, q)) p at
+    k = 1, exactly the broken token rule's law, so FirstTwoLaws states its power as well."""
+
+    name = "block"
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.block_kernel = self._broken_kernel
+
+    def _broken_kernel(self, p_ids, p_probs, p_lens, drafts, q_ids, q_probs, q_lens, rng, scratch, out):
+        from llama_spec.accept import _py_next_uniform
+
+        n_acc = int(BlockRule.block_kernel(p_ids, p_probs, p_lens, drafts, q_ids, q_probs, q_lens, rng, scratch, out))
+        if n_acc < len(drafts):
+            n = int(p_lens[n_acc])
+            cdf = np.cumsum(p_probs[n_acc, :n], dtype=np.float64)
+            j = int(np.searchsorted(cdf, _py_next_uniform(rng) * cdf[-1], side="right"))
+            out[n_acc] = p_ids[n_acc, min(j, n - 1)]
+        return n_acc
+
+
+__all__ = ["BrokenBlockRule", "BrokenTokenRule", "FirstTwoLaws", "Verification", "broken_accept_step",
+           "broken_rule_power", "homogeneity_pvalue", "joint_samples"]
