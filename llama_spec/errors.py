@@ -103,3 +103,12 @@ class SequenceError(LlamaSpecError, RuntimeError):
         super().__init__(f"request {request_id} failed: {type(cause).__name__}: {cause}")
         self.request_id = request_id
         self.cause = cause
+
+
+class UnnormalizedError(LlamaSpecError, ValueError):
+    """p (or q) does not sum to 1 +- tol; the loop should use the exact-match rule instead."""
+
+    def __init__(self, which: str, total: float, tol: float) -> None:
+        super().__init__(f"{which} sums to {total!r}, not 1 +- {tol}")
+        self.which = which
+        self.total = total

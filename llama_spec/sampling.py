@@ -1,6 +1,6 @@
 """The target sampler: llama.cpp's own sampler chain, turned into p as numpy.
 
-Contract (the words of DESIGN.md):
+Contract (the words of docs/design.md):
 
 * ``TargetSampler.candidates(logits_row)`` applies, in order, the reasoning budget, the grammar
   and the chain (logit bias, penalties, DRY, top-n-sigma, top-k, typical, top-p, min-p, XTC,

@@ -1,4 +1,4 @@
-"""The speculative loop against DESIGN.md's invariants, on real models and the synthetic MTP model."""
+"""The speculative loop against the invariants of docs/design.md, on real models and the synthetic MTP model."""
 
 from __future__ import annotations
 
