@@ -3,10 +3,14 @@
 
 #include "llama-ext.h"
 #include "reasoning-budget.h"
+#include "json-schema-to-grammar.h"
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <exception>
 #include <numeric>
+#include <string>
 #include <vector>
 
 extern "C" {
@@ -165,5 +169,35 @@ int32_t lsp_reasoning_budget_get_state(const llama_sampler * smpl) {
 }
 
 bool lsp_reasoning_budget_force(llama_sampler * smpl) { return common_reasoning_budget_force(smpl); }
+
+// Copy s (cut to cap - 1 bytes) NUL-terminated into out; out may be NULL when cap == 0.
+static void copy_out(const std::string & s, char * out, size_t cap) {
+    if (out == nullptr || cap == 0) {
+        return;
+    }
+    const size_t n = std::min(s.size(), cap - 1);
+    std::memcpy(out, s.data(), n);
+    out[n] = '\0';
+}
+
+int32_t lsp_json_schema_to_grammar(const char * schema, char * out, size_t cap) {
+    std::string err;
+    try {
+        const std::string grammar = json_schema_to_grammar(common_json::parse(schema ? schema : ""));
+        if (grammar.size() < cap) {
+            copy_out(grammar, out, cap);
+        }
+        return (int32_t) grammar.size();
+    } catch (const std::exception & e) {  // common_json_error, std::invalid_argument, ...
+        err = e.what();
+    } catch (...) {
+        err = "unknown error";
+    }
+    if (err.empty()) {
+        err = "JSON schema conversion failed";
+    }
+    copy_out(err, out, cap);
+    return -1 - (int32_t) err.size();
+}
 
 }  // extern "C"

@@ -65,3 +65,10 @@ struct llama_sampler * lsp_reasoning_budget_init(
         int32_t budget, int32_t initial_state);
 int32_t lsp_reasoning_budget_get_state(const struct llama_sampler * smpl);
 bool    lsp_reasoning_budget_force(struct llama_sampler * smpl);
+
+/* ---- JSON schema -> GBNF (common/json-schema-to-grammar.h, llama.cpp's own converter) ----
+ * Convert the JSON text `schema` (NUL-terminated) to a GBNF grammar. On success returns the
+ * grammar's length n >= 0 and, when n < cap, writes it NUL-terminated into out (call again with
+ * cap > n otherwise). On failure (invalid JSON, unsupported schema) returns -1 - m and writes
+ * the m-byte error message, cut to cap - 1 bytes, into out. Never throws. */
+int32_t lsp_json_schema_to_grammar(const char * schema, char * out, size_t cap);
