@@ -1,16 +1,16 @@
 #!/usr/bin/env python3
-"""Is the top-k draft statistics hook inert when off, and cheap when on?
+"""Is the top-k draft statistics observer cheap when on, and the observer hook free when unused?
 
 Three arms, interleaved A B C C B A per round, same prompts, seeds and models:
 
-* ``never``: the loop with every top-k statistics line removed from its source (a build
-  where the feature was never compiled in),
-* ``off``: the shipped loop with statistics off (the default),
-* ``on``: statistics on (``TopKStats().attach(gen)``).
+* ``none``: no observer attached (the default; SpecStats is the only one),
+* ``noop``: a do-nothing ``Observer`` attached (the cost of the hook itself),
+* ``on``: top-k statistics on (``TopKStats().attach(gen)``: the drafter also collects its top-8).
 
 Reports decode t/s medians and, per round (the six runs of a round share load and seeds), the
-throughput ratios off/never and on/off: their median and spread are the figures to quote. Default pair: the synthetic MTP model
-(fast, so Python overhead is most visible); ``--pair qwen`` uses Qwen2.5-Coder 1.5B <- 0.5B.
+throughput ratios noop/none and on/none: their median and spread are the figures to quote.
+Default pair: the synthetic MTP model (fast, so Python overhead is most visible); ``--pair qwen``
+uses Qwen2.5-Coder 1.5B <- 0.5B.
 
     python scripts/bench_topk_overhead.py [--pair mtp|qwen] [--rounds 20] [--tokens 256] [--json F]
 """
@@ -18,36 +18,13 @@ throughput ratios off/never and on/off: their median and spread are the figures 
 from __future__ import annotations
 
 import argparse
-import inspect
 import json
 import statistics
 import sys
-import textwrap
 import time
 
-from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, TopKStats
-from llama_spec import speculative as sp
-
-
-def never_compiled_in_class():
-    """SpeculativeGenerator with the statistics lines stripped from `stream`."""
-    src = textwrap.dedent(inspect.getsource(sp.SpeculativeGenerator.stream))
-    lines = src.splitlines()
-    out, skip = [], 0
-    for ln in lines:
-        if skip:
-            skip -= 1
-            continue
-        if "self.topk_stats is not None and k > 0" in ln:
-            skip = 1  # and the record() call under it
-            continue
-        if "drafter.collect_topk = self.topk_stats is not None" in ln:
-            continue
-        out.append(ln)
-    assert len(out) == len(lines) - 3, "the hook lines were not found: update this script"
-    ns: dict = {}
-    exec(compile("\n".join(out), sp.__file__, "exec"), vars(sp), ns)  # noqa: S102 - our own source
-    return type("NeverCompiledIn", (sp.SpeculativeGenerator,), {"stream": ns["stream"]})
+from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator, TopKStats
+from llama_spec.observers import Observer
 
 
 def main() -> int:
@@ -69,17 +46,16 @@ def main() -> int:
         target = Model(model_path("qwen2.5-coder-1.5b"))
         draft = Model(model_path("qwen2.5-coder-0.5b"))
         make_drafter = lambda: DraftModelDrafter(draft, n_ctx=2048)  # noqa: E731
-    never_cls = never_compiled_in_class()
     gens = {
-        "never": never_cls(target, make_drafter(), n_ctx=2048),
-        "off": sp.SpeculativeGenerator(target, make_drafter(), n_ctx=2048),
-        "on": sp.SpeculativeGenerator(target, make_drafter(), n_ctx=2048),
+        "none": SpeculativeGenerator(target, make_drafter(), n_ctx=2048),
+        "noop": SpeculativeGenerator(target, make_drafter(), n_ctx=2048, observers=[Observer()]),
+        "on": SpeculativeGenerator(target, make_drafter(), n_ctx=2048),
     }
     TopKStats(every=10**9).attach(gens["on"])
     prompts = ["Once upon a time", "def main():\n"]
     tps: dict[str, list[float]] = {k: [] for k in gens}
     per_round: list[dict[str, float]] = []
-    order = ["never", "off", "on", "on", "off", "never"]
+    order = ["none", "noop", "on", "on", "noop", "none"]
     for rnd in range(ns.rounds):
         secs = {k: 0.0 for k in gens}
         toks = {k: 0 for k in gens}
@@ -106,15 +82,15 @@ def main() -> int:
     res = {
         "pair": ns.pair, "tokens": ns.tokens, "rounds": ns.rounds, "temp": ns.temp,
         "median_tps": med, "min_max_tps": spread,
-        "off_vs_never_pct": 100 * (med["off"] / med["never"] - 1),
-        "on_vs_off_pct": 100 * (med["on"] / med["off"] - 1),
-        "paired_off_vs_never": paired("off", "never"),
-        "paired_on_vs_off": paired("on", "off"),
+        "noop_vs_none_pct": 100 * (med["noop"] / med["none"] - 1),
+        "on_vs_none_pct": 100 * (med["on"] / med["none"] - 1),
+        "paired_noop_vs_none": paired("noop", "none"),
+        "paired_on_vs_none": paired("on", "none"),
     }
     print("| arm | median t/s | min–max |\n|---|---|---|")
-    for k in ("never", "off", "on"):
+    for k in ("none", "noop", "on"):
         print(f"| {k} | {med[k]:.1f} | {spread[k][0]:.1f}–{spread[k][1]:.1f} |")
-    for name, key in (("off vs never-compiled-in", "paired_off_vs_never"), ("on vs off", "paired_on_vs_off")):
+    for name, key in (("noop observer vs none", "paired_noop_vs_none"), ("on vs none", "paired_on_vs_none")):
         v = res[key]
         print(f"{name}: per-round ratio median {v['median_pct']:+.2f} % "
               f"(IQR {v['iqr_pct'][0]:+.2f} .. {v['iqr_pct'][1]:+.2f} %, min..max {v['min_max_pct'][0]:+.2f} .. "

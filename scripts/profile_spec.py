@@ -129,7 +129,7 @@ def instrument(pair: Pair, prof: Profiler) -> None:
     from llama_spec import context as ctxmod
     from llama_spec import model as modelmod
     from llama_spec import sampling as smod
-    from llama_spec import speculative as spec
+    from llama_spec.rules import base as rules_base
 
     target_ctx = pair.gen.ctx
 
@@ -147,23 +147,18 @@ def instrument(pair: Pair, prof: Profiler) -> None:
     TS = smod.TargetSampler
     for name in ("candidates_and_sample", "sample", "accept", "candidates"):
         setattr(TS, name, prof.wrap(getattr(TS, name), "sampler chain"))
-    spec._accept = _KernelProxy(acc, prof)
+    # the rules' kernels are instance attributes (TokenRule.step_kernel, BlockRule.block_kernel)
+    for rule in pair.gen.rules.values():
+        for name in ("step_kernel", "block_kernel"):
+            if hasattr(rule, name):
+                setattr(rule, name, prof.wrap(getattr(rule, name), "kernel"))
+    rules_base.p_is_normalized = prof.wrap(acc.p_is_normalized, "kernel")
     modelmod.Model.token_to_piece = prof.wrap(modelmod.Model.token_to_piece, "detokenize")
     d = pair.drafter
     if d is not None:
         d.mirror.sample = prof.wrap(d.mirror.sample, "drafter: mirror sampler")
         for name in ("draft", "observe", "accepted"):
             setattr(d, name, prof.wrap(getattr(d, name), "drafter: draft()/observe()/accepted() Python"))
-
-
-class _KernelProxy:
-    def __init__(self, real, prof: Profiler) -> None:
-        self._real = real
-        self.accept_step_kernel = prof.wrap(real.accept_step_kernel, "kernel")
-        self.p_is_normalized = prof.wrap(real.p_is_normalized, "kernel")
-
-    def __getattr__(self, name):
-        return getattr(self._real, name)
 
 
 def measure(pair: Pair, prof: Profiler, prompts, *, temp: float, arm: str, n_tokens: int, seed: int,
@@ -185,7 +180,7 @@ def measure(pair: Pair, prof: Profiler, prompts, *, temp: float, arm: str, n_tok
         t_loop += time.perf_counter() - t0
         prof.active = False
         steps += prof.calls.get("target: llama.cpp decode", 0) - n_before
-        st = pair.gen.last_result.stats
+        st = it.result.stats
         emitted += st.emitted - 1
         drafted += st.drafted
         accepted += st.accepted
@@ -225,7 +220,7 @@ def cprofile_top(pair: Pair, prompts, *, temp: float, arm: str, n_tokens: int, s
         for _ in it:
             pass
         pr.disable()
-        st = pair.gen.last_result.stats
+        st = it.result.stats
         steps += st.verifications + (1 if st.verifications == 0 else 0)
     ps = pstats.Stats(pr)
     rows = []

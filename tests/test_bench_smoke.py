@@ -169,10 +169,10 @@ def test_bench_topk_overhead_smoke(tmp_path):
     out = tmp_path / "topk.json"
     p = _run([sys.executable, str(SCRIPTS / "bench_topk_overhead.py"), "--rounds", "2", "--tokens", "16",
               "--json", str(out)])
-    assert "| never |" in p.stdout and "on vs off: per-round ratio median" in p.stdout
+    assert "| none |" in p.stdout and "on vs none: per-round ratio median" in p.stdout
     res = json.loads(out.read_text())
     assert res["pair"] == "mtp" and res["rounds"] == 2
-    assert set(res["median_tps"]) == {"never", "off", "on"} and min(res["median_tps"].values()) > 0
-    for key in ("paired_off_vs_never", "paired_on_vs_off"):
+    assert set(res["median_tps"]) == {"none", "noop", "on"} and min(res["median_tps"].values()) > 0
+    for key in ("paired_noop_vs_none", "paired_on_vs_none"):
         v = res[key]
         assert v["min_max_pct"][0] <= v["median_pct"] <= v["min_max_pct"][1]

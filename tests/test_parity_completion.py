@@ -1,0 +1,43 @@
+"""Parity with llama-completion at llama.cpp's default settings (weight repacking on).
+
+Plain generation prefills the prompt as llama-completion does (the whole prompt, last token
+included, in n_batch chunks), so greedy output equals the native tool's token for token even
+with repacked weights, whose batched and single-token kernels round differently (DESIGN.md
+invariant 12). The other cross-checks (tests/test_binding.py) run with repacking off.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_native
+
+from llama_spec import Model, SamplerParams, SpeculativeGenerator
+
+PROMPTS = [
+    "The capital of France is",
+    "def fibonacci(n):\n    ",
+]
+N = 64
+
+
+def _native_greedy(native_bin, model_path, prompt: str, n: int) -> str:
+    # no -nr: llama.cpp's default (repack on), like Model's default
+    r = run_native(native_bin, "llama-completion", [
+        "-m", str(model_path), "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv", "--no-warmup",
+        "-c", "512", "-t", "2", "--ignore-eos", "--no-display-prompt", "--simple-io"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    return r.stdout
+
+
+@pytest.mark.parametrize("which", ["smollm_path", "qwen05_path"])
+def test_greedy_with_repack_matches_llama_completion(which, request, native_bin):
+    path = request.getfixturevalue(which)
+    model = Model(path)  # defaults: repack on
+    gen = SpeculativeGenerator(model, None, n_ctx=512, n_threads=2)
+    for prompt in PROMPTS:
+        native = _native_greedy(native_bin, path, prompt, N)
+        ours = gen.generate(prompt, sampling=SamplerParams(temp=0.0), n_predict=N, ignore_eos=True)
+        assert len(ours.tokens) == N
+        assert native.strip() == ours.text.strip(), f"\nnative: {native!r}\nours:   {ours.text!r}"
+    gen.close()
+    model.close()
