@@ -51,6 +51,35 @@ FAIL=0
 say() { echo "[cuda_build_check] $*"; }
 fail() { echo "[cuda_build_check] FAIL: $*"; FAIL=1; }
 
+# What the CUDA runtime does here before ggml-cuda is even built (seconds): a C program linked like
+# libggml-cuda.so (libcudart from the toolkit, cuBLAS from the wheel) calls what ggml_cuda_init()
+# calls first. Without a driver, cudaGetDeviceCount returns an error (35, insufficient driver), which
+# ggml_cuda_init() logs and answers with zero CUDA devices: the CPU backend stays usable.
+runtime_probe() {
+  local site inc lib probe=/tmp/cuda-runtime-probe
+  site=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
+  inc=$(LLAMA_SPEC_BACKEND=cuda "$VENV/bin/python" -c "
+import sys; sys.path.insert(0, '$CLONE'); import build_llama as b
+c = b.cuda_config(); print(b._toolkit_dirs(c.root, 'include')[-1], c.cublas.include_dir, c.cudart_dir, c.cublas.lib_dir)") \
+    || { fail "build_llama.cuda_config() in the venv"; return; }
+  set -- $inc
+  mkdir -p $probe
+  cat > $probe/probe.c <<'C'
+#include <stdio.h>
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+int main(void) {
+    int n = 0, rt = 0, drv = -1, v = 0;
+    cudaError_t e = cudaGetDeviceCount(&n);
+    cudaRuntimeGetVersion(&rt); cudaDriverGetVersion(&drv); cublasGetVersion(NULL, &v);
+    printf("cudaGetDeviceCount -> %d (%s); runtime %d, driver %d, cuBLAS %d\n", (int)e, cudaGetErrorString(e), rt, drv, v);
+    return 0;
+}
+C
+  if cc "$probe/probe.c" -o "$probe/probe" -I"$1" -I"$2" -L"$3" -lcudart "$4/libcublas.so.13" -Wl,-rpath,"$3:$4" 2>> "$probe/cc.log" \
+     && out=$("$probe/probe"); then say "runtime probe: $out"; else say "runtime probe: could not build/run (see $probe/cc.log)"; fi
+}
+
 say "$(date -u +%FT%TZ) load: $(uptime)"
 if [ $SKIP_BUILD = 0 ]; then
   rm -rf "$CLONE" "$VENV"
@@ -62,6 +91,7 @@ if [ $SKIP_BUILD = 0 ]; then
   FL=(); [ -n "$WHEELS" ] && FL=(--find-links "$WHEELS")
   "$VENV/bin/pip" install -q "${FL[@]}" 'nvidia-cublas>=13,<14' || { fail "pip install nvidia-cublas"; exit 1; }
   say "cuBLAS wheel: $("$VENV/bin/pip" show nvidia-cublas 2>/dev/null | grep -i '^version')"
+  runtime_probe
   t0=$(date +%s)
   (cd "$CLONE" && LLAMA_SPEC_BACKEND=cuda CMAKE_BUILD_PARALLEL_LEVEL=$JOBS \
      nice -n 19 "$VENV/bin/pip" install -v . > "$LOG" 2>&1)
