@@ -21,7 +21,7 @@ from .errors import ContextError, DecodeError
 from .model import Model
 from .types import FlashAttn, OutputsSpec
 
-__all__ = ["Context", "MtpContext", "default_threads"]
+__all__ = ["KV_CACHE_TYPES", "Context", "MtpContext", "default_threads"]
 
 _FLASH = {
     "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -30,9 +30,34 @@ _FLASH = {
 }
 
 
+# KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp kv_cache_types), by ggml's names.
+KV_CACHE_TYPES = {
+    "f32": lib.GGML_TYPE_F32, "f16": lib.GGML_TYPE_F16, "bf16": lib.GGML_TYPE_BF16, "q8_0": lib.GGML_TYPE_Q8_0,
+    "q4_0": lib.GGML_TYPE_Q4_0, "q4_1": lib.GGML_TYPE_Q4_1, "iq4_nl": lib.GGML_TYPE_IQ4_NL,
+    "q5_0": lib.GGML_TYPE_Q5_0, "q5_1": lib.GGML_TYPE_Q5_1,
+}
+_MAX_THREADS = 1024  # llama.cpp aborts (std::bad_alloc) on absurd thread counts: refuse them here
+_MAX_CTX = 1 << 24   # 16M tokens: beyond any model here; larger values only fail inside llama.cpp
+
+
 def default_threads() -> int:
     """llama-spec's default thread count: every core."""
     return max(1, os.cpu_count() or 1)
+
+
+def _check_context_args(**kw: int | None) -> None:
+    """ValueError/TypeError naming the argument for sizes llama.cpp would abort on (before any C call)."""
+    limits = {"n_ctx": (1, _MAX_CTX), "n_batch": (1, _MAX_CTX), "n_ubatch": (1, _MAX_CTX),
+              "n_threads": (1, _MAX_THREADS), "n_threads_batch": (1, _MAX_THREADS), "n_seq_max": (1, 256),
+              "n_rs_seq": (0, 1024)}
+    for name, v in kw.items():
+        if v is None and name in ("n_ubatch", "n_threads", "n_threads_batch"):
+            continue
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        lo, hi = limits[name]
+        if not lo <= int(v) <= hi:
+            raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
 
 
 class Context(NativeHandle):
@@ -61,16 +86,19 @@ class Context(NativeHandle):
         flash_attn: FlashAttn = "auto",
         nextn: bool = False,
         ctx_other: Context | None = None,
+        type_k: str = "f16",
+        type_v: str = "f16",
     ) -> None:
-        if n_ctx <= 0 or n_batch <= 0:
-            raise ValueError(f"n_ctx ({n_ctx}) and n_batch ({n_batch}) must be positive")
-        if n_rs_seq < 0:
-            raise ValueError(f"n_rs_seq must be >= 0, got {n_rs_seq}")
-        if flash_attn not in _FLASH:
+        _check_context_args(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
+                            n_threads_batch=n_threads_batch, n_seq_max=n_seq_max, n_rs_seq=n_rs_seq)
+        if not isinstance(flash_attn, str) or flash_attn not in _FLASH:
             raise ValueError(f"flash_attn {flash_attn!r}: expected one of {', '.join(_FLASH)}")
         self.model = model
         p = lib.llama_context_default_params()
         p.n_ctx = int(n_ctx)
+        for name, t in (("type_k", type_k), ("type_v", type_v)):
+            if not isinstance(t, str) or t not in KV_CACHE_TYPES:
+                raise ValueError(f"{name} {t!r}: expected one of {', '.join(KV_CACHE_TYPES)}")
         p.n_batch = int(n_batch)
         p.n_ubatch = int(n_ubatch or n_batch)
         p.n_seq_max = int(n_seq_max)
@@ -82,6 +110,8 @@ class Context(NativeHandle):
         p.no_perf = True
         if ctx_other is not None:
             p.ctx_other = ctx_other.ptr
+        p.type_k = KV_CACHE_TYPES[type_k]
+        p.type_v = KV_CACHE_TYPES[type_v]
         clear_recent_errors()
         # on RPC servers: every call that talks to them runs guarded (a lost server raises
         # RpcConnectionError instead of aborting the process; see llama_spec.rpc)

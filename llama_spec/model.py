@@ -14,7 +14,7 @@ from ._handle import NativeHandle
 from .errors import ModelLoadError
 from .types import SplitMode
 
-__all__ = ["Model"]
+__all__ = ["LOAD_MODES", "Model"]
 
 
 def _check_gguf_file(path: Path) -> None:
@@ -30,6 +30,13 @@ def _check_gguf_file(path: Path) -> None:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise ModelLoadError(str(path), f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+
+
+# llama.cpp's -lm/--load-mode values (common/arg.cpp); --no-mmap is "none", --mlock "mmap+mlock".
+LOAD_MODES = {
+    "auto": lib.LLAMA_LOAD_MODE_AUTO, "none": lib.LLAMA_LOAD_MODE_NONE, "mmap": lib.LLAMA_LOAD_MODE_MMAP,
+    "mlock": lib.LLAMA_LOAD_MODE_MLOCK, "mmap+mlock": lib.LLAMA_LOAD_MODE_MMAP_MLOCK,
+}
 
 
 class Model(NativeHandle):
@@ -58,14 +65,23 @@ class Model(NativeHandle):
         load_mtp: bool = False,
         vocab_only: bool = False,
         repack: bool = True,
+        load_mode: str | None = None,
     ) -> None:
+        if not isinstance(path, (str, os.PathLike)):
+            raise TypeError(f"path must be a str or os.PathLike, got {type(path).__name__}")
+        if load_mode is not None and load_mode not in LOAD_MODES:
+            raise ValueError(f"load_mode {load_mode!r}: expected one of {', '.join(LOAD_MODES)}")
+        if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int) or not -1 <= n_gpu_layers <= 1 << 16:
+            raise ValueError(f"n_gpu_layers must be an int in [-1, 65536], got {n_gpu_layers!r}")
         self.path = Path(path)
         _check_gguf_file(self.path)
         placement = _backends.place_model(split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu,
                                           devices=devices, rpc_servers=rpc_servers)
         params = lib.llama_model_default_params()
         params.n_gpu_layers = int(n_gpu_layers)
-        params.load_mode = lib.LLAMA_LOAD_MODE_MMAP if use_mmap else lib.LLAMA_LOAD_MODE_NONE
+        # load_mode (llama.cpp's -lm) wins over the older use_mmap switch
+        params.load_mode = (LOAD_MODES[load_mode] if load_mode is not None
+                            else lib.LLAMA_LOAD_MODE_MMAP if use_mmap else lib.LLAMA_LOAD_MODE_NONE)
         params.load_mtp = bool(load_mtp)
         params.vocab_only = bool(vocab_only)
         # llama.cpp's CPU weight repacking (extra buffer types): faster, but its batched GEMM and
@@ -92,6 +108,7 @@ class Model(NativeHandle):
         self.n_layer_nextn = int(lib.llama_model_n_layer_nextn(ptr))
         self.n_ctx_train = int(lib.llama_model_n_ctx_train(ptr))
         self.load_mtp = bool(load_mtp)
+        self.repack = bool(repack)
         self.split_mode: SplitMode = split_mode
         self.tensor_split = placement.tensor_split
         self._piece_buf = ffi.new("char[]", 256)

@@ -18,8 +18,9 @@ from __future__ import annotations
 
 import codecs
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -156,7 +157,8 @@ class SpeculativeGenerator:
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_threads: int | None = None, n_max: int = 3,
-                 observers: Iterable[Observer] = ()) -> None:
+                 observers: Iterable[Observer] = (), context_options: Mapping[str, Any] | None = None) -> None:
+        # context_options: more Context keywords for the target (n_ubatch, flash_attn, type_k, type_v)
         self.model = target
         self.drafter = drafter
         if drafter is not None and drafter.vocab_size and drafter.vocab_size != target.n_vocab:
@@ -169,7 +171,8 @@ class SpeculativeGenerator:
         # per draft position (each can be large on big hybrid models), so size them by n_max.
         self.recurrent = bool(target.is_recurrent or target.is_hybrid)
         n_rs = self.n_max if self.recurrent else 0
-        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs)
+        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs,
+                           **dict(context_options or {}))
         if drafter is not None:
             drafter.prepare_target(self.ctx)
         self.scratch = _accept.new_scratch(target.n_vocab)

@@ -17,4 +17,9 @@ enum ggml_log_level {
     GGML_LOG_LEVEL_NONE, GGML_LOG_LEVEL_DEBUG, GGML_LOG_LEVEL_INFO,
     GGML_LOG_LEVEL_WARN, GGML_LOG_LEVEL_ERROR, GGML_LOG_LEVEL_CONT, ...
 };
+/* ggml.h: the tensor types llama.cpp accepts for the KV cache (-ctk/-ctv); values from ggml.h. */
+enum ggml_type {
+    GGML_TYPE_F32, GGML_TYPE_F16, GGML_TYPE_Q4_0, GGML_TYPE_Q4_1, GGML_TYPE_Q5_0, GGML_TYPE_Q5_1,
+    GGML_TYPE_Q8_0, GGML_TYPE_IQ4_NL, GGML_TYPE_BF16, ...
+};
 typedef void (*ggml_log_callback)(enum ggml_log_level level, const char * text, void * user_data);

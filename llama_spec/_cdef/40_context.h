@@ -13,6 +13,8 @@ struct llama_context_params {
     int32_t  n_threads_batch;
     enum llama_context_type ctx_type;
     enum llama_flash_attn_type flash_attn_type;
+    enum ggml_type type_k;
+    enum ggml_type type_v;
     ggml_abort_callback abort_callback;
     void * abort_callback_data;
     bool embeddings;

@@ -9,11 +9,29 @@ from __future__ import annotations
 
 import argparse
 
+from ..drafters.ngram import LLAMA_SPEC_PRIORITY, NGRAM_CLI_FLAGS
 from ..models_registry import MODELS
 from ..sampling import SamplerParams
 
 DEFAULTS = SamplerParams()
 DEFAULT_N_MAX = 3  # draft tokens per verification, as llama.cpp's --spec-draft-n-max
+# llama.cpp's kv_cache_types (common/arg.cpp), by ggml's names; Context.KV_CACHE_TYPES maps them
+# (kept apart so --help loads no compiled binding; tests/test_cli.py checks they agree).
+KV_CACHE_TYPE_NAMES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+LOAD_MODE_NAMES = ("auto", "none", "mmap", "mlock", "mmap+mlock")
+_TRUTHY, _FALSEY = ("on", "enabled", "true", "1"), ("off", "disabled", "false", "0")
+
+
+def flash_attn_value(value: str) -> str:
+    """-fa's value as llama.cpp reads it (is_truthy / is_falsey / is_autoy) -> on | off | auto."""
+    v = value.strip().lower()
+    if v in _TRUTHY:
+        return "on"
+    if v in _FALSEY:
+        return "off"
+    if v == "auto":
+        return "auto"
+    raise argparse.ArgumentTypeError(f"unknown value for --flash-attn: {value!r} (on, off or auto)")
 
 
 def add_model_args(ap: argparse.ArgumentParser) -> None:
@@ -21,13 +39,32 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-m", "--model", default=None, help=f"GGUF path, or a named model ({', '.join(MODELS)})")
     ap.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     ap.add_argument("-b", "--batch-size", type=int, default=512)
+    ap.add_argument("-ub", "--ubatch-size", type=int, default=None, help="physical batch size (default: -b)")
     ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPU (-1 = all)")
     ap.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row", "tensor"])
     ap.add_argument("-ts", "--tensor-split", default=None, help="comma-separated weights, e.g. 60,40")
     ap.add_argument("-mg", "--main-gpu", type=int, default=0)
     ap.add_argument("--rpc", default=None, help="comma-separated rpc-server endpoints host:port")
+    add_memory_args(ap)
     add_verbose_arg(ap)
+
+
+def add_memory_args(ap: argparse.ArgumentParser) -> None:
+    """Weights and KV cache as llama.cpp's flags set them: repacking, flash attention, cache types, load mode."""
+    ap.add_argument("-nr", "--no-repack", dest="no_repack", action="store_true", default=False,
+                    help="no CPU weight repacking (llama.cpp's -nr; bitwise batch = solo)")
+    ap.add_argument("--repack", dest="no_repack", action="store_false", help="weight repacking on (default)")
+    ap.add_argument("-fa", "--flash-attn", type=flash_attn_value, default="auto", metavar="on|off|auto",
+                    help="flash attention (default: auto)")
+    ap.add_argument("-ctk", "--cache-type-k", default="f16", choices=KV_CACHE_TYPE_NAMES, help="KV cache type of K")
+    ap.add_argument("-ctv", "--cache-type-v", default="f16", choices=KV_CACHE_TYPE_NAMES, help="KV cache type of V")
+    ap.add_argument("-lm", "--load-mode", default=None, choices=LOAD_MODE_NAMES,
+                    help="model loading mode (default: mmap)")
+    ap.add_argument("--no-mmap", dest="load_mode", action="store_const", const="none",
+                    help="read the weights instead of mapping them (= -lm none)")
+    ap.add_argument("--mlock", dest="load_mode", action="store_const", const="mmap+mlock",
+                    help="keep the model in RAM (= -lm mmap+mlock)")
 
 
 def add_verbose_arg(ap: argparse.ArgumentParser) -> None:
@@ -45,17 +82,29 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--top-n-sigma", type=float, default=d.top_n_sigma)
     ap.add_argument("--repeat-penalty", type=float, default=d.penalty_repeat)
     ap.add_argument("--repeat-last-n", type=int, default=d.penalty_last_n)
-    ap.add_argument("--seed", type=int, default=None, help="seed (default: random)")
+    ap.add_argument("-s", "--seed", type=int, default=None, help="seed (default: random)")
+    ap.add_argument("-r", "--reverse-prompt", action="append", default=[], metavar="PROMPT",
+                    help="stop at PROMPT (repeatable; the text ends before it)")
     ap.add_argument("--grammar", default=None, help="GBNF grammar text")
     ap.add_argument("--grammar-file", default=None)
 
 
+def add_spec_type_args(ap: argparse.ArgumentParser) -> None:
+    """--spec-type (one type or a comma chain), -md, --spec-draft-n-max and the n-gram knobs (shared with serve)."""
+    ap.add_argument("--spec-type", default=None, metavar="TYPE[,TYPE..]",
+                    help="speculative decoding: none, " + ", ".join(LLAMA_SPEC_PRIORITY)
+                    + " or a comma chain (default: draft-simple with -md, else none)")
+    ap.add_argument("-md", "--model-draft", default=None, help="draft model for draft-simple")
+    ap.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_MAX,
+                    help="draft tokens per verification of draft-simple/draft-mtp (1-64)")
+    for flag, (kind, knob, default) in NGRAM_CLI_FLAGS.items():
+        ap.add_argument(flag, type=int, default=default, dest=flag.lstrip("-").replace("-", "_"),
+                        help=f"{kind}: {knob} (default {default})")
+
+
 def add_spec_args(ap: argparse.ArgumentParser) -> None:
     """Speculative decoding: drafter, draft length, rule, statistics."""
-    ap.add_argument("--spec-type", default=None, choices=["none", "draft-simple", "draft-mtp"],
-                    help="speculative decoding (default: draft-simple with -md, else none)")
-    ap.add_argument("-md", "--model-draft", default=None, help="draft model for draft-simple")
-    ap.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_MAX, help="draft tokens per verification (1-64)")
+    add_spec_type_args(ap)
     ap.add_argument("--spec-draft-p-min", type=float, default=0.0, help="stop drafting below this confidence")
     ap.add_argument("--spec-draft-sample", dest="spec_draft_sample", action="store_true", default=None,
                     help="rejection rule: sample drafts, verify by rejection sampling (default; env LLAMA_ARG_SPEC_DRAFT_SAMPLE)")

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..drafters.base import Drafter
+from ..drafters.chain import ChainDrafter
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
+from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_drafter, parse_spec_types
 from ..model import Model
 from ..models_registry import resolve_model
 from ..sampling import SamplerParams
-from ..speculative import SpeculativeGenerator
+from ..speculative import N_MAX_LIMIT, SpeculativeGenerator
 from ..stats import TopKStats, topk_settings
+
+PLOT_INSTALL_HINT = "pip install matplotlib  (or: pip install 'llama-spec[test]')"
 
 
 def sampling_params(ns: argparse.Namespace) -> SamplerParams:
@@ -37,26 +44,89 @@ def load_model(ns: argparse.Namespace, *, load_mtp: bool = False) -> Model:
     print(f"llama-spec: loading {path}", file=sys.stderr)
     return Model(path, n_gpu_layers=ns.n_gpu_layers, split_mode=ns.split_mode, tensor_split=ts,
                  main_gpu=ns.main_gpu, rpc_servers=rpc, load_mtp=load_mtp,
-                 repack=not getattr(ns, "no_repack", False))  # serve's -nr
+                 repack=not getattr(ns, "no_repack", False), load_mode=getattr(ns, "load_mode", None))
+
+
+def spec_types(ns: argparse.Namespace) -> list[str]:
+    """The --spec-type chain in llama.cpp's order ([] = none); draft-simple needs -md."""
+    types = parse_spec_types(ns.spec_type) if ns.spec_type else (["draft-simple"] if ns.model_draft else [])
+    if "draft-simple" in types and not ns.model_draft:
+        raise ValueError("--spec-type draft-simple needs -md/--model-draft")
+    return types
+
+
+def context_options(ns: argparse.Namespace) -> dict[str, Any]:
+    """The target context's -ub, -fa, -ctk, -ctv (Context keywords)."""
+    return {"n_ubatch": ns.ubatch_size, "flash_attn": ns.flash_attn, "type_k": ns.cache_type_k,
+            "type_v": ns.cache_type_v}
+
+
+def spec_n_max(ns: argparse.Namespace, types: list[str]) -> int:
+    """The generator's n_max as llama.cpp's common_speculative_n_max: the largest member's size
+    (n-gram: size_m / n_max; model drafters: --spec-draft-n-max), capped at N_MAX_LIMIT."""
+    sizes = [ns.spec_draft_n_max]
+    if types and all(t in NGRAM_SPEC_TYPES for t in types):
+        sizes = []  # n-gram members only: their own sizes decide
+    for flag, (kind, knob, _) in NGRAM_CLI_FLAGS.items():
+        if kind in types and knob in ("size_m", "n_max"):
+            sizes.append(getattr(ns, flag.lstrip("-").replace("-", "_")))
+    return max(1, min(N_MAX_LIMIT, max(sizes)))
+
+
+def drafter_factory(ns: argparse.Namespace, target: Model, types: list[str]
+                    ) -> tuple[Callable[[], Drafter] | None, list[Callable[[], None]]]:
+    """A function making one drafter (a ChainDrafter for several types) and the closers of the
+    draft model it loaded; (None, []) for no speculation."""
+    if not types:
+        return None, []
+    closers: list[Callable[[], None]] = []
+    dmodel: Model | None = None
+    if "draft-simple" in types:
+        dpath = resolve_model(ns.model_draft)
+        print(f"llama-spec: loading draft {dpath}", file=sys.stderr)
+        dev = getattr(ns, "spec_draft_device", None)
+        dmodel = Model(dpath, n_gpu_layers=ns.n_gpu_layers, devices=[dev] if dev else None,
+                       repack=not ns.no_repack, load_mode=ns.load_mode)
+        closers.append(dmodel.close)
+    knobs: dict[str, dict[str, int]] = {}
+    for flag, (kind, knob, _) in NGRAM_CLI_FLAGS.items():
+        knobs.setdefault(kind, {})[knob] = getattr(ns, flag.lstrip("-").replace("-", "_"))
+
+    def one(t: str) -> Drafter:
+        if t == "draft-simple":
+            assert dmodel is not None
+            return DraftModelDrafter(dmodel, n_ctx=ns.ctx_size, n_threads=ns.threads, n_max=ns.spec_draft_n_max)
+        if t == "draft-mtp":
+            return MtpDrafter(target, n_ctx=ns.ctx_size, n_threads=ns.threads)
+        return build_ngram_drafter(t, **knobs.get(t, {}))
+
+    for t in types:  # refuse unknown / unimplemented types before anything is generated
+        if t not in ("draft-simple", "draft-mtp", *NGRAM_SPEC_TYPES):
+            raise ValueError(f"--spec-type {t!r} is not implemented here")
+
+    def make() -> Drafter:
+        members = [one(t) for t in types]
+        return members[0] if len(members) == 1 else ChainDrafter(members)
+
+    return make, closers
+
+
+def check_plot_available(ns: argparse.Namespace) -> None:
+    """--spec-topk-stats-plot needs matplotlib: say what to install before generating anything."""
+    if getattr(ns, "spec_topk_stats_plot", None) and importlib.util.find_spec("matplotlib") is None:
+        raise ValueError(f"--spec-topk-stats-plot needs matplotlib, which is not installed: {PLOT_INSTALL_HINT}")
 
 
 def build_generator(ns: argparse.Namespace) -> tuple[SpeculativeGenerator, TopKStats | None]:
     """Target model, drafter and generator from parsed CLI args (shared by generate and chat)."""
-    spec_type = ns.spec_type or ("draft-simple" if ns.model_draft else "none")
-    if spec_type == "draft-simple" and not ns.model_draft:
-        raise SystemExit("error: --spec-type draft-simple needs -md/--model-draft")
-    target = load_model(ns, load_mtp=spec_type == "draft-mtp")
-    drafter: Drafter | None = None
-    if spec_type == "draft-simple":
-        dpath = resolve_model(ns.model_draft)
-        print(f"llama-spec: loading draft {dpath}", file=sys.stderr)
-        devs = [ns.spec_draft_device] if ns.spec_draft_device else None
-        dmodel = Model(dpath, n_gpu_layers=ns.n_gpu_layers, devices=devs)
-        drafter = DraftModelDrafter(dmodel, n_ctx=ns.ctx_size, n_threads=ns.threads)
-    elif spec_type == "draft-mtp":
-        drafter = MtpDrafter(target, n_ctx=ns.ctx_size, n_threads=ns.threads)
+    check_plot_available(ns)
+    types = spec_types(ns)
+    target = load_model(ns, load_mtp="draft-mtp" in types)
+    make, _closers = drafter_factory(ns, target, types)  # the draft model lives as long as the process
+    drafter = make() if make is not None else None
     gen = SpeculativeGenerator(target, drafter, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
-                               n_threads=ns.threads, n_max=ns.spec_draft_n_max)
+                               n_threads=ns.threads, n_max=spec_n_max(ns, types),
+                               context_options=context_options(ns))
     return gen, _topk_stats(ns, gen)
 
 

@@ -48,7 +48,7 @@ def _turn(gen: SpeculativeGenerator, messages: list[dict[str, str]], ns: argpars
     budget = ns.reasoning_budget if ns.reasoning_budget is not None and ns.reasoning_budget >= 0 else None
     it = chat(gen, messages, enable_thinking=ns.enable_thinking, reasoning_budget=budget, sampling=sampling,
               stream=True, max_tokens=ns.n_predict, seed=ns.seed, spec_draft_sample=ns.spec_draft_sample,
-              n_max=ns.spec_draft_n_max, p_min=ns.spec_draft_p_min)
+              n_max=gen.n_max, p_min=ns.spec_draft_p_min, stop=ns.reverse_prompt or None)
     answer: list[str] = []
     reasoning: list[str] = []
     in_reasoning = False

@@ -31,14 +31,25 @@ def run(ns: argparse.Namespace) -> int:
     gen, topk = build_generator(ns)
     prompt = ns.prompt if ns.prompt is not None else Path(ns.file).read_text()
     out: list[Any] = []
-    for ev in gen.stream(prompt, sampling=sampling_params(ns), n_predict=ns.n_predict, seed=ns.seed,
-                         spec_draft_sample=ns.spec_draft_sample, n_max=ns.spec_draft_n_max,
-                         p_min=ns.spec_draft_p_min, ignore_eos=ns.ignore_eos, result=out):
-        if ev.text:
-            sys.stdout.write(ev.text)
-            sys.stdout.flush()
-    sys.stdout.write("\n")
+    # -r: hold back the last len(stop) - 1 characters, which could be the start of a stop string
+    hold = max(map(len, ns.reverse_prompt), default=1) - 1
+    text, written = "", 0
+    try:
+        for ev in gen.stream(prompt, sampling=sampling_params(ns), n_predict=ns.n_predict, seed=ns.seed,
+                             spec_draft_sample=ns.spec_draft_sample, n_max=gen.n_max, stop=ns.reverse_prompt,
+                             p_min=ns.spec_draft_p_min, ignore_eos=ns.ignore_eos, result=out):
+            if ev.text:
+                text += ev.text
+                if len(text) - hold > written:
+                    sys.stdout.write(text[written : len(text) - hold])
+                    sys.stdout.flush()
+                    written = len(text) - hold
+    except KeyboardInterrupt:  # Ctrl-C: the text so far (whole characters), then exit 130
+        sys.stdout.write(text[written:] + "\n")
+        sys.stdout.flush()
+        raise
     res = out[0]
+    sys.stdout.write(res.text[written:] + "\n")
     st = res.stats
     rule = "none" if gen.drafter is None else ("rejection" if res.spec_draft_sample else "exact-match")
     print(f"\nllama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens, generated={st.emitted} tokens, "

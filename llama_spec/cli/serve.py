@@ -20,7 +20,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .args import DEFAULT_N_MAX, add_model_args
+from .args import add_model_args, add_spec_type_args
 
 __all__ = ["add_parser", "add_serve_parser", "build_engine", "cmd_serve", "run"]
 
@@ -34,16 +34,12 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
                               description="-c/--ctx-size is the context of ONE slot here (llama-server divides "
                                           "its -c among the slots).")
     add_model_args(s)
-    s.add_argument("-md", "--model-draft", default=None, help="draft model (draft-simple)")
-    s.add_argument("--spec-type", default=None, choices=["none", "draft-simple", "draft-mtp"],
-                   help="default: draft-simple with -md, else none")
-    s.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_MAX, help="draft tokens per verification (1-64)")
+    add_spec_type_args(s)
     s.add_argument("-np", "--parallel", type=int, default=4, help="slots (sequences decoded together)")
     s.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot (then 503)")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env LLAMA_API_KEY)")
-    s.add_argument("-nr", "--no-repack", action="store_true", help="no CPU weight repacking (batch = solo, bitwise)")
     s.add_argument("-a", "--alias", default=None, help="model name in the API (default: the file name)")
     s.add_argument("--chat-template-file", default=None, help="jinja template instead of the GGUF's")
     s.add_argument("--timeout-graceful", type=float, default=5.0, help="seconds open streams get at shutdown")
@@ -56,32 +52,23 @@ add_parser = add_serve_parser  # the cli package's command-module convention
 
 def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], None]], str]:
     """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
-    from ..drafters.draft_model import DraftModelDrafter
-    from ..drafters.mtp import MtpDrafter
-    from ..model import Model
-    from ..models_registry import resolve_model
     from ..server.engine import SerialBatchAdapter, ServerEngine
-    from .build import load_model
+    from .build import context_options, drafter_factory, load_model, spec_n_max, spec_types
 
-    mode = ns.spec_type or ("draft-simple" if ns.model_draft else "none")
-    if mode == "draft-simple" and not ns.model_draft:
-        raise ValueError("--spec-type draft-simple needs -md/--model-draft")
+    types = spec_types(ns)
+    mode = ",".join(types) or "none"
     if ns.parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {ns.parallel}")
-    closers: list[Callable[[], None]] = []
-    target = load_model(ns, load_mtp=mode == "draft-mtp")
-    closers.append(target.close)
-    factory: Callable[[], Any] | None = None
-    if mode == "draft-simple":
-        dmodel = Model(resolve_model(ns.model_draft), n_gpu_layers=ns.n_gpu_layers, repack=not ns.no_repack)
-        closers.insert(0, dmodel.close)
-        factory = lambda: DraftModelDrafter(dmodel, n_ctx=ns.ctx_size, n_threads=ns.threads)  # noqa: E731
-    elif mode == "draft-mtp":
-        factory = lambda: MtpDrafter(target, n_ctx=ns.ctx_size, n_threads=ns.threads)  # noqa: E731
+    target = load_model(ns, load_mtp="draft-mtp" in types)
+    closers: list[Callable[[], None]] = [target.close]
+    factory, draft_closers = drafter_factory(ns, target, types)
+    closers[:0] = draft_closers  # the draft model is freed before the target
+    n_max, ctx_opts = spec_n_max(ns, types), context_options(ns)
 
     def make_batch() -> Any:  # runs in the engine's worker thread, which then owns the contexts
         return SerialBatchAdapter(target, factory, n_parallel=ns.parallel, n_ctx=ns.ctx_size,
-                                  n_batch=ns.batch_size, n_threads=ns.threads, n_max=ns.spec_draft_n_max)
+                                  n_batch=ns.batch_size, n_threads=ns.threads, n_max=n_max,
+                                  context_options=ctx_opts)
 
     return ServerEngine(make_batch, max_queue=ns.queue_size), target, closers, mode
 

@@ -21,7 +21,12 @@ class DraftModelDrafter(Drafter):
     name = "draft-simple"
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 sample: bool = True, seed: int = 0) -> None:
+                 sample: bool = True, seed: int = 0, n_max: int | None = None) -> None:
+        # n_max: this drafter's own draft cap (llama.cpp's --spec-draft-n-max inside a chain whose
+        # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only
+        if n_max is not None and not 1 <= int(n_max) <= 64:
+            raise ValueError(f"n_max must be in [1, 64], got {n_max}")
+        self.n_max_cap = None if n_max is None else int(n_max)
         self.model = model
         self.vocab_size = model.n_vocab
         self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
@@ -58,6 +63,8 @@ class DraftModelDrafter(Drafter):
         return row
 
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
+        if self.n_max_cap is not None:
+            n_max = min(n_max, self.n_max_cap)
         build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min)
         row = self._sync(history)
         for i in range(n_max):

@@ -80,13 +80,13 @@ class SerialBatchAdapter:
 
     def __init__(self, target: Model, drafter_factory: Callable[[], Drafter] | None = None, *,
                  n_parallel: int = 4, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: int | None = None, n_max: int = 3) -> None:
+                 n_threads: int | None = None, n_max: int = 3, context_options: dict[str, Any] | None = None) -> None:
         if n_parallel < 1:
             raise ValueError(f"n_parallel must be >= 1, got {n_parallel}")
         drafter = drafter_factory() if drafter_factory is not None else None
         try:
             self.gen = SpeculativeGenerator(target, drafter, n_ctx=n_ctx, n_batch=n_batch,
-                                            n_threads=n_threads, n_max=n_max)
+                                            n_threads=n_threads, n_max=n_max, context_options=context_options)
         except BaseException:
             if drafter is not None:
                 drafter.close()
