@@ -23,6 +23,9 @@ _EXPORTS = {
     "SpecStats": "speculative",
     "generate": "speculative",
     "TokenEvent": "speculative",
+    "BatchGenerator": "batch",
+    "GenerationRequest": "batch",
+    "generate_batch": "batch",
     "Drafter": "drafters.base",
     "Proposal": "drafters.base",
     "DraftModelDrafter": "drafters.draft_model",
@@ -45,6 +48,7 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers see; at run time every name is imported on first use
     from .backends import add_rpc_server, devices
+    from .batch import BatchGenerator, GenerationRequest, generate_batch
     from .chat_api import ChatCompletion, chat
     from .context import Context, MtpContext
     from .drafters.base import Drafter, Proposal

@@ -51,6 +51,22 @@ int32_t lsp_process(llama_context * ctx, llama_batch_ext * batch,
     return llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
 }
 
+int32_t lsp_process_seqs(llama_context * ctx, llama_batch_ext * batch,
+                         const int32_t * tokens, const int32_t * pos, int32_t n, const int32_t * seq_ids,
+                         const int8_t * outputs) {
+    llama_batch_ext_clear(batch);
+    for (int32_t i = 0; i < n; ++i) {
+        const int32_t idx = llama_batch_ext_add_token(batch, seq_ids[i], tokens[i]);
+        if (idx < 0 || !llama_batch_ext_set_pos(batch, idx, &pos[i])) {
+            return -100 - i;
+        }
+        if (outputs[i] != 0) {
+            llama_batch_ext_set_output_logits(batch, idx, true);
+        }
+    }
+    return llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+}
+
 void lsp_candidates_init(const float * logits, int32_t n_vocab, llama_token_data * buf, llama_token_data_array * cur) {
     for (int32_t i = 0; i < n_vocab; ++i) {
         buf[i].id    = i;

@@ -72,6 +72,9 @@ class Context(NativeHandle):
     _ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
     _batch: Any = ffi.NULL
 
+    _seq: np.ndarray | None = None   # seq id per batch row, for decode_multi (allocated on first use)
+    _seq_p: Any = None
+
     def __init__(
         self,
         model: Model,
@@ -240,6 +243,38 @@ class Context(NativeHandle):
             raise DecodeError(rc)
         self.n_outputs = int(self._out[:n].sum())
         return self.logits()
+
+    def decode_multi(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
+                     seq_ids: Sequence[int] | np.ndarray,
+                     outputs: OutputsSpec | Sequence[bool] | np.ndarray = "all") -> np.ndarray:
+        """Decode one batch holding many sequences (row i: tokens[i] of seq_ids[i] at positions[i]);
+        return the output rows' logits in batch order, (n_out, n_vocab), a view valid until the next decode."""
+        if self._ptr is None or self._lost is not None:
+            self._check_usable()
+        n = self._fill(tokens, positions, 0, outputs)
+        if self._seq is None:
+            self._seq = np.zeros(self.n_batch, dtype=np.int32)
+            self._seq_p = ffi.cast("int32_t *", self._seq.ctypes.data)
+        seq = self._seq[:n]
+        seq[:] = seq_ids
+        if seq.min() < 0 or seq.max() >= self.n_seq_max:
+            raise ValueError(f"seq_ids {int(seq.min())}..{int(seq.max())} out of range [0, {self.n_seq_max})")
+        args = (self._ptr, self._batch, self._tok_p, self._pos_p, n, self._seq_p, self._out_p)
+        if self._rpc:
+            rc = _rpc.call_guarded(self._process_seqs_sync, args)
+        else:
+            rc = lib.lsp_process_seqs(*args)
+        if rc <= -100:
+            raise DecodeError(rc, f"adding batch row {-100 - rc}")
+        if rc != 0:
+            raise DecodeError(rc)
+        self.n_outputs = int(self._out[:n].sum())
+        return self.logits()
+
+    def _process_seqs_sync(self, args: tuple[Any, ...]) -> int:
+        rc = lib.lsp_process_seqs(*args)
+        lib.llama_synchronize(self._ptr)
+        return rc
 
     def _process_sync(self, n: int, seq_id: int, e_ptr: Any) -> int:
         rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)

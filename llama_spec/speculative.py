@@ -234,48 +234,11 @@ class SpeculativeGenerator:
     def _request(self, prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
                  reasoning_budget, ignore_eos, observers) -> _Request:
         """Check every argument (ValueError naming it) and build the request's objects."""
-        sampling = sampling or SamplerParams()
-        if seed is not None:
-            sampling = sampling.replace(seed=int(seed) & 0xFFFFFFFF)
-        switch = env_flag(ENV_DRAFT_SAMPLE, True) if spec_draft_sample is None else bool(spec_draft_sample)
-        rule = self._rule(verify, switch)
-        n_max = self.n_max if n_max is None else int(n_max)
-        _check_n_max(n_max)
-        if self.recurrent and n_max > self.ctx.n_rs_seq:
-            raise ValueError(
-                f"n_max={n_max} exceeds the n_max={self.ctx.n_rs_seq} this generator was built with: a "
-                "recurrent/hybrid target keeps one state snapshot per draft position (build it with a larger n_max)"
-            )
-        if not 0.0 <= p_min <= 1.0:
-            raise ValueError(f"p_min must be in [0, 1], got {p_min}")
-        if n_predict <= 0:
-            raise ValueError(f"n_predict must be > 0, got {n_predict}")
-        tokens = self.model.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
-        if not tokens:
-            raise ValueError("empty prompt")
-        if len(tokens) >= self.ctx.n_ctx:
-            raise ValueError(f"prompt of {len(tokens)} tokens does not fit the context of n_ctx={self.ctx.n_ctx} tokens")
-        sampler = TargetSampler(self.model, sampling,
-                                reasoning_budget=reasoning_budget.clone() if reasoning_budget else None)
-        stats = SpecStats(n_prompt=len(tokens))
-        obs = (stats, *self.observers, *observers)
-        rng = _accept.new_rng_state((sampling.seed ^ _ACCEPT_SEED_SALT) & 0xFFFFFFFF)
-        v = Verification(sampler, rng, self.scratch, record_pq=any(o.wants_pq for o in obs))
-        if self.drafter is not None:
-            self.drafter.configure(sampling, sampling.seed, sample=switch,
-                                   collect_topk=any(o.wants_topk for o in obs))
-        info = RequestInfo(tokens, sampler, rng, rule.name, n_max)
-        return _Request(tokens, sampler, rule, switch, int(n_predict), n_max, float(p_min), [s for s in stop if s],
-                        bool(ignore_eos), obs, stats, v, info)
-
-    def _rule(self, verify: VerifyName | Rule, switch: bool) -> Rule:
-        if isinstance(verify, Rule):
-            rule = verify
-        elif verify in RULE_NAMES:
-            rule = self.rules[verify]
-        else:
-            raise ValueError(f"verify must be one of {', '.join(RULE_NAMES)} (or a Rule), got {verify!r}")
-        return rule if switch else self.rules["exact-match"]
+        return build_request(
+            RequestHost(self.model, self.drafter, self.rules, self.scratch, tuple(self.observers), self.n_max,
+                        self.ctx.n_ctx, self.ctx.n_rs_seq if self.recurrent else None),
+            prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
+            reasoning_budget, ignore_eos, observers)
 
     # -- the loop ---------------------------------------------------------------------------------
     def _run(self, req: _Request, out: GenerationStream, result: list | None) -> Iterator[TokenEvent]:
@@ -374,6 +337,74 @@ class SpeculativeGenerator:
             drafter.snapshot_prompt(n_head)
         self._cached_prompt = toks[:-1].copy()
         return logits
+
+
+@dataclass(frozen=True)
+class RequestHost:
+    """What validating a request needs of its generator (SpeculativeGenerator, or one batch slot)."""
+
+    model: Model
+    drafter: Drafter | None
+    rules: dict[str, Rule]
+    scratch: np.ndarray            # float32 (>= n_vocab,), shared by the requests run one after another
+    observers: tuple[Observer, ...]
+    n_max: int                     # the default n_max
+    n_ctx: int                     # the sequence's context
+    n_rs_seq: int | None           # recurrent/hybrid target: state snapshots per sequence; else None
+
+
+def build_request(host: RequestHost, prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min,
+                  stop, reasoning_budget, ignore_eos, observers) -> _Request:
+    """Check every argument of one request (ValueError naming it) and build its objects."""
+    sampling = sampling or SamplerParams()
+    if seed is not None:
+        sampling = sampling.replace(seed=int(seed) & 0xFFFFFFFF)
+    switch = env_flag(ENV_DRAFT_SAMPLE, True) if spec_draft_sample is None else bool(spec_draft_sample)
+    rule = pick_rule(host.rules, verify, switch)
+    n_max = host.n_max if n_max is None else int(n_max)
+    _check_n_max(n_max)
+    if host.n_rs_seq is not None and n_max > host.n_rs_seq:
+        raise ValueError(
+            f"n_max={n_max} exceeds the n_max={host.n_rs_seq} this generator was built with: a "
+            "recurrent/hybrid target keeps one state snapshot per draft position (build it with a larger n_max)"
+        )
+    if not 0.0 <= p_min <= 1.0:
+        raise ValueError(f"p_min must be in [0, 1], got {p_min}")
+    if n_predict <= 0:
+        raise ValueError(f"n_predict must be > 0, got {n_predict}")
+    model = host.model
+    tokens = model.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not tokens:
+        raise ValueError("empty prompt")
+    if len(tokens) >= host.n_ctx:
+        raise ValueError(f"prompt of {len(tokens)} tokens does not fit the context of n_ctx={host.n_ctx} tokens")
+    sampler = TargetSampler(model, sampling, reasoning_budget=reasoning_budget.clone() if reasoning_budget else None)
+    stats = SpecStats(n_prompt=len(tokens))
+    obs = (stats, *host.observers, *observers)
+    rng = _accept.new_rng_state((sampling.seed ^ _ACCEPT_SEED_SALT) & 0xFFFFFFFF)
+    v = Verification(sampler, rng, host.scratch, record_pq=any(o.wants_pq for o in obs))
+    if host.drafter is not None:
+        host.drafter.configure(sampling, sampling.seed, sample=switch, collect_topk=any(o.wants_topk for o in obs))
+        host.drafter.bind_grammar(sampler.grammar_clone if sampler.has_grammar else None)  # q masked like p
+    info = RequestInfo(tokens, sampler, rng, rule.name, n_max)
+    return _Request(tokens, sampler, rule, switch, int(n_predict), n_max, float(p_min), [s for s in stop if s],
+                    bool(ignore_eos), obs, stats, v, info)
+
+
+def pick_rule(rules: dict[str, Rule], verify: VerifyName | Rule, switch: bool) -> Rule:
+    """The requested rule (a name or a Rule object); exact-match when the switch is off."""
+    if isinstance(verify, Rule):
+        rule = verify
+    elif verify in RULE_NAMES:
+        rule = rules[verify]
+    else:
+        raise ValueError(f"verify must be one of {', '.join(RULE_NAMES)} (or a Rule), got {verify!r}")
+    return rule if switch else rules["exact-match"]
+
+
+# Public names for the batched generator (llama_spec.batch), which runs the same requests per slot.
+Request = _Request
+Emitter = _Emitter
 
 
 def _check_n_max(n_max: int) -> None:

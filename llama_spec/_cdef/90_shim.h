@@ -29,6 +29,12 @@ int32_t lsp_process(struct llama_context * ctx, struct llama_batch_ext * batch,
                     const int32_t * tokens, const int32_t * pos, int32_t n, int32_t seq_id,
                     const int8_t * outputs, const float * embd, int32_t n_embd);
 
+/* The same for a batch of many sequences (batched generation): row i belongs to seq_ids[i];
+ * outputs[i] != 0 asks for the logits of row i (outputs must not be NULL). No embd rows. */
+int32_t lsp_process_seqs(struct llama_context * ctx, struct llama_batch_ext * batch,
+                         const int32_t * tokens, const int32_t * pos, int32_t n, const int32_t * seq_ids,
+                         const int8_t * outputs);
+
 /* ---- candidates ----
  * Write the full-vocabulary candidate array for one logits row into `buf` (n_vocab entries:
  * id = i, logit = logits[i], p = 0) and point `cur` at it (size n_vocab, unsorted, selected -1). */
