@@ -12,6 +12,7 @@ from . import rpc as _rpc
 from ._ffi import clear_recent_errors, ffi, lib, recent_errors
 from ._handle import NativeHandle
 from .errors import ModelLoadError
+from .gguf_check import check_gguf
 from .types import SplitMode
 
 __all__ = ["LOAD_MODES", "Model"]
@@ -30,6 +31,10 @@ def _check_gguf_file(path: Path) -> None:
         magic = fh.read(4)
     if magic != b"GGUF":
         raise ModelLoadError(str(path), f"not a GGUF file (magic {magic!r}, expected b'GGUF')")
+    try:  # header and metadata, so inputs that would abort inside llama.cpp raise here instead
+        check_gguf(path)
+    except ValueError as e:
+        raise ModelLoadError(str(path), str(e)) from None
 
 
 # llama.cpp's -lm/--load-mode values (common/arg.cpp); --no-mmap is "none", --mlock "mmap+mlock".
