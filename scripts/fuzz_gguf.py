@@ -31,7 +31,7 @@ N_VOCAB_EXTRA = 41  # tokens beyond <unk>, <s>, </s> and the 256 byte tokens
 def write_tiny_llama(path: Path, *, chat_template: str | None = "{% for m in messages %}{{ m.content }}{% endfor %}",
                      bad_utf8: bool = False, embd_rows: int | None = None, q_type: str = "F32") -> Path:
     """A tiny valid llama GGUF (random weights): 300 tokens, n_embd 32, one block."""
-    from gguf import GGUFWriter, GGMLQuantizationType
+    from gguf import GGUFWriter
 
     rng = np.random.default_rng(0)
     n_embd, n_ff, n_head = 32, 64, 4
@@ -75,7 +75,6 @@ def write_tiny_llama(path: Path, *, chat_template: str | None = "{% for m in mes
     t("blk.0.ffn_gate.weight", n_ff, n_embd)
     t("blk.0.ffn_up.weight", n_ff, n_embd)
     t("blk.0.ffn_down.weight", n_embd, n_ff)
-    del GGMLQuantizationType
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
