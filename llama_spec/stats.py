@@ -2,7 +2,7 @@
 
 SpecStats
     Counters of one generation (GenerationResult.stats; cumulated with ``+=``). Two lengths, as
-    DESIGN.md defines them: ``mean_accepted_length`` = kept drafts per verification, and
+    docs/design.md defines them: ``mean_accepted_length`` = kept drafts per verification, and
     ``tokens_per_verification`` = emitted tokens per verification (kept + recovered/bonus; vLLM's
     "acceptance length").
 

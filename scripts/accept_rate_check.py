@@ -18,6 +18,7 @@ import math
 import sys
 
 from llama_spec import Model, MtpDrafter, SamplerParams, SpecStats, SpeculativeGenerator
+from llama_spec.observers import PQLog
 from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
 
 
@@ -30,8 +31,8 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     ns = ap.parse_args()
     m = Model(synthetic_mtp_path(sigma=ns.sigma, seed=0), load_mtp=True, repack=False)
-    gen = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=4096), n_ctx=4096, n_max=ns.n_max)
-    gen.record_pq = True
+    # a PQLog observer makes the rules log p and q, so SpecStats sums min(p, q) per position
+    gen = SpeculativeGenerator(m, MtpDrafter(m, n_ctx=4096), n_ctx=4096, n_max=ns.n_max, observers=[PQLog()])
     total = SpecStats()
     seed = 0
     while min(total.reached[: ns.n_max]) < ns.visits:

@@ -211,9 +211,12 @@ class Pair:
             return f"{self.target_path.name} (no drafter)"
         return f"{self.target_path.name} <- {self.drafter_path.name} (draft-simple)"
 
-    def run(self, prompt: str, *, temp: float, arm: str, n_predict: int, seed: int, ignore_eos: bool = True):
+    def run(self, prompt: str, *, temp: float, arm: str, n_predict: int, seed: int, ignore_eos: bool = True,
+            verify: str = "token"):
+        """arm "exact" (the switch off) or "rejection" (with `verify`, the token or block rule)."""
         return self.gen.generate(prompt, sampling=sampler(temp), n_predict=n_predict, seed=seed,
-                                 spec_draft_sample=(arm == "rejection"), n_max=self.n_max, ignore_eos=ignore_eos)
+                                 spec_draft_sample=(arm == "rejection"), verify=verify, n_max=self.n_max,
+                                 ignore_eos=ignore_eos)
 
     def close(self) -> None:
         self.gen.close()
@@ -250,7 +253,7 @@ def run_bench(args) -> dict:
                 s = args.seed + 2 * r
                 order = [("exact", s), ("rejection", s), ("rejection", s + 1), ("exact", s + 1)]
                 for slot, (arm, seed) in enumerate(order):
-                    res = pair.run(text, temp=temp, arm=arm, n_predict=args.n_tokens, seed=seed)
+                    res = pair.run(text, temp=temp, arm=arm, n_predict=args.n_tokens, seed=seed, verify=args.verify)
                     st = res.stats
                     rec = {
                         "class": cls, "prompt": idx, "temp": temp, "arm": arm, "seed": seed, "round": r,
@@ -284,7 +287,7 @@ def run_bench(args) -> dict:
         "kind": "bench_spec", "smoke": bool(args.smoke),
         "config": {
             "pair": pair_label, "target": str(pair.target_path), "drafter": str(pair.drafter_path or ""),
-            "mtp": args.mtp, "n_max": args.n_max, "n_tokens": args.n_tokens, "temps": args.temps,
+            "mtp": args.mtp, "n_max": args.n_max, "verify": args.verify, "n_tokens": args.n_tokens, "temps": args.temps,
             "classes": args.classes, "n_prompts": args.n_prompts, "rounds": args.rounds,
             "threads": args.threads, "n_ctx": args.n_ctx, "repack": args.repack, "seed": args.seed,
             "sampler": "llama.cpp defaults: top-k 40, top-p 0.95, min-p 0.05 (temp 0: greedy)",
@@ -426,6 +429,7 @@ def parse_args(argv=None):
     ap.add_argument("--n-tokens", type=int, default=128, help="tokens per request")
     ap.add_argument("--rounds", type=int, default=1, help="A B B A blocks per prompt and temperature")
     ap.add_argument("--n-max", type=int, default=3)
+    ap.add_argument("--verify", choices=["token", "block"], default="token", help="the rejection arm's rule")
     ap.add_argument("--threads", type=int, default=min(os.cpu_count() or 2, 8))
     ap.add_argument("--n-ctx", type=int, default=2048)
     ap.add_argument("--n-gpu-layers", type=int, default=-1)

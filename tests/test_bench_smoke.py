@@ -72,6 +72,35 @@ def test_bench_spec_smoke(tmp_path):
     assert png.stat().st_size > 10_000
 
 
+def test_bench_rules_smoke(tmp_path):
+    out = tmp_path / "rules.json"
+    p = _run([sys.executable, str(SCRIPTS / "bench_rules.py"), "--smoke", "--json", str(out)])
+    assert "mean accepted length token → block" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["kind"] == "bench_rules" and res["smoke"] is True
+    _machine_ok(res["machine"])
+    assert res["control_identical"] is True
+    (c,) = res["configs"]
+    assert c["config"] == "mtp:0.05" and c["control"] == []
+    rows = {r["temp"]: r for r in c["rows"]}
+    assert set(rows) == {0.0, 0.8}
+    for temp, r in rows.items():
+        for rule in ("token", "block"):
+            a = r[rule]
+            assert a["verifications"] > 0 and a["tps"]["n"] == 2 * 2 and a["tps"]["min"] > 0  # 2 prompts x 2 seeds
+            assert 0.0 <= a["mean_accepted_length"] <= res["config"]["n_max"]
+            # tokens per verification = kept + recovered/bonus: at most one more than the kept drafts
+            assert a["mean_accepted_length"] <= a["tokens_per_verification"] <= a["mean_accepted_length"] + 1
+        if temp == 0:
+            assert r["token"]["accepted"] == r["block"]["accepted"]  # greedy: the same decisions
+            assert r["paired"]["verifications"] == 0  # no paired pass at T = 0
+        else:
+            pe = r["paired"]
+            assert pe["verifications"] > 0 and 0 <= pe["e_token"] <= 3 and 0 <= pe["e_block"] <= 3
+    for run in c["runs"]:
+        assert run["emitted"] == res["config"]["n_tokens"]
+
+
 def test_bench_native_smoke(tmp_path):
     out = tmp_path / "native.json"
     p = _run([sys.executable, str(SCRIPTS / "bench_native.py"), "--smoke", "--json", str(out)])

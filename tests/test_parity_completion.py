@@ -2,7 +2,7 @@
 
 Plain generation prefills the prompt as llama-completion does (the whole prompt, last token
 included, in n_batch chunks), so greedy output equals the native tool's token for token even
-with repacked weights, whose batched and single-token kernels round differently (DESIGN.md
+with repacked weights, whose batched and single-token kernels round differently (docs/design.md
 invariant 12). The other cross-checks (tests/test_binding.py) run with repacking off.
 """
 

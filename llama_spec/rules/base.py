@@ -1,6 +1,6 @@
 """Verification rules as objects: the words, the interface, and the one place fallbacks are decided.
 
-Words (DESIGN.md, defined once here for every rule):
+Words (docs/design.md, defined once here for every rule):
 
 * **p**: the target's distribution at a position after its sampler chain (what ``dist`` draws
   from), from ``TargetSampler.candidates*``; **q**: the drafter's distribution at that position
@@ -139,7 +139,8 @@ def choose(requested: Rule, exact: Rule, proposal: Proposal, sampler: TargetSamp
         return exact  # the switch off; no proposal; q missing or q length != draft length
     if sampler.has_grammar and not getattr(proposal, "q_grammar_masked", False):
         # q ignores the grammar p obeys: drafts are often grammar-invalid, and a sampler clone
-        # (block rule) cannot accept an invalid token
+        # (block rule) cannot accept an invalid token. A q masked with a clone of the target's
+        # grammar state (drafts all valid) keeps the rejection rules exact.
         return exact
     for qp in proposal.q_probs:  # type: ignore[union-attr]
         if not p_is_normalized(qp):
