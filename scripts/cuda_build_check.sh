@@ -16,6 +16,8 @@
 # Too long for CI (the ggml-cuda target is ~45 min at -j2 on 2 cores): run by hand, at low
 # priority (the build runs under `nice -n 19`). The build cache key includes the backend, so the
 # CPU build in ~/.cache/llama-spec/build is never touched. Needs nvcc (CUDA_HOME / CUDACXX / PATH).
+# An interrupted build resumes where it stopped: the same --venv path gives the same cuBLAS path, so
+# the same cache key and build folder (ninja rebuilds only what is missing).
 #
 # What it asserts (item 2 of issue 14, decided from this machine's real result):
 #   * the build log names nvcc, cuBLAS, the CUDA architectures and the VMM decision;
