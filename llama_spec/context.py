@@ -45,6 +45,29 @@ def default_threads() -> int:
     return max(1, os.cpu_count() or 1)
 
 
+def int32_values(values: Any, name: str, n: int | None = None) -> np.ndarray:
+    """`values` as int32, (n,): TypeError for non-integers, ValueError naming `name` for a wrong
+    length or a value outside int32 (numpy would raise OverflowError or wrap silently)."""
+    if isinstance(values, np.ndarray) and values.dtype == np.int32:
+        a = values
+    else:
+        try:
+            a = np.asarray(values)
+        except (ValueError, TypeError, OverflowError) as e:
+            raise TypeError(f"{name} must be a sequence of ints ({e})") from None
+        if a.size and a.dtype == object:  # ints beyond int64
+            if not all(isinstance(v, int) and not isinstance(v, bool) for v in a.ravel()):
+                raise TypeError(f"{name} must be a sequence of ints")
+            raise ValueError(f"{name}: a value is outside int32")
+        if a.size and (a.dtype.kind not in "iu"):
+            raise TypeError(f"{name} must be a sequence of ints, got dtype {a.dtype}")
+        if a.size and (int(a.min()) < -(2**31) or int(a.max()) > 2**31 - 1):
+            raise ValueError(f"{name}: a value is outside int32")
+    if a.ndim != 1 or (n is not None and len(a) != n):
+        raise ValueError(f"{name} must be a 1-D sequence of {n if n is not None else ''} ints, got shape {a.shape}")
+    return a
+
+
 def _check_context_args(**kw: int | None) -> None:
     """ValueError/TypeError naming the argument for sizes llama.cpp would abort on (before any C call)."""
     limits = {"n_ctx": (1, _MAX_CTX), "n_batch": (1, _MAX_CTX), "n_ubatch": (1, _MAX_CTX),
@@ -185,10 +208,12 @@ class Context(NativeHandle):
             raise ValueError("empty batch")
         if n > self.n_batch:
             raise ValueError(f"batch of {n} tokens exceeds n_batch={self.n_batch} (use prefill())")
+        if isinstance(seq_id, bool) or not isinstance(seq_id, (int, np.integer)):
+            raise TypeError(f"seq_id must be an int, got {type(seq_id).__name__}")
         if not 0 <= seq_id < self.n_seq_max:
             raise ValueError(f"seq_id {seq_id} out of range [0, {self.n_seq_max})")
         tok = self._tok[:n]
-        tok[:] = tokens
+        tok[:] = int32_values(tokens, "tokens", n)
         if tok.min() < 0 or tok.max() >= self.n_vocab:
             bad = int(tok[(tok < 0) | (tok >= self.n_vocab)][0])
             raise ValueError(f"token {bad} out of range [0, {self.n_vocab})")
@@ -197,7 +222,7 @@ class Context(NativeHandle):
             start = self.pos_max(seq_id) + 1
             pos[:] = np.arange(start, start + n, dtype=np.int32)
         else:
-            pos[:] = positions
+            pos[:] = int32_values(positions, "positions", n)
         if pos.min() < 0 or pos.max() >= self.n_ctx:
             raise ValueError(f"positions {int(pos.min())}..{int(pos.max())} outside the context [0, {self.n_ctx})")
         out = self._out[:n]

@@ -7,6 +7,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from . import backends as _backends
 from . import rpc as _rpc
 from ._ffi import clear_recent_errors, ffi, lib, recent_errors
@@ -78,6 +80,8 @@ class Model(NativeHandle):
             raise ValueError(f"load_mode {load_mode!r}: expected one of {', '.join(LOAD_MODES)}")
         if isinstance(n_gpu_layers, bool) or not isinstance(n_gpu_layers, int) or not -1 <= n_gpu_layers <= 1 << 16:
             raise ValueError(f"n_gpu_layers must be an int in [-1, 65536], got {n_gpu_layers!r}")
+        if isinstance(main_gpu, bool) or not isinstance(main_gpu, int) or not 0 <= main_gpu < 1024:
+            raise ValueError(f"main_gpu must be an int in [0, 1024), got {main_gpu!r}")
         self.path = Path(path)
         _check_gguf_file(self.path)
         placement = _backends.place_model(split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu,
@@ -234,13 +238,20 @@ class Model(NativeHandle):
 
     # -- tokenization ------------------------------------------------------------------------
     def _check_token(self, token: int) -> None:
+        if isinstance(token, bool) or not isinstance(token, (int, np.integer)):
+            raise TypeError(f"token must be an int, got {type(token).__name__}")
         if not 0 <= int(token) < self.n_vocab:
             raise ValueError(f"token {token} out of range [0, {self.n_vocab})")
 
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
         """Text -> token ids (BOS added when the model wants it and `add_special`)."""
         vocab = self.vocab_ptr
-        data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        if not isinstance(text, (str, bytes, bytearray)):
+            raise TypeError(f"text must be str or bytes, got {type(text).__name__}")
+        try:
+            data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+        except UnicodeEncodeError as e:  # a lone surrogate has no UTF-8 form
+            raise ValueError(f"text is not encodable as UTF-8 at index {e.start}: {e.reason}") from None
         n_max = len(data) + 8
         buf = ffi.new("llama_token[]", n_max)
         n = lib.llama_tokenize(vocab, data, len(data), buf, n_max, add_special, parse_special)
@@ -254,11 +265,12 @@ class Model(NativeHandle):
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
         """One token's bytes (may be part of a UTF-8 character)."""
-        key = (int(token), special)
+        key = (token, special)  # int(token) only after the check: a float/huge value must not reach C
         piece = self._piece_cache.get(key)
         if piece is not None:
             return piece
         self._check_token(token)
+        key = (int(token), bool(special))
         vocab = self.vocab_ptr
         n = lib.llama_token_to_piece(vocab, int(token), self._piece_buf, 256, 0, special)
         if n < 0:
@@ -273,9 +285,9 @@ class Model(NativeHandle):
     def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> str:
         """Token ids -> text (invalid UTF-8 replaced)."""
         vocab = self.vocab_ptr
-        toks = [int(t) for t in tokens]
-        for t in toks:
+        for t in tokens:
             self._check_token(t)
+        toks = [int(t) for t in tokens]
         arr = ffi.new("llama_token[]", toks) if toks else ffi.NULL
         cap = max(16, 8 * len(toks) + 16)
         buf = ffi.new("char[]", cap)

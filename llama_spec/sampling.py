@@ -65,6 +65,7 @@ class SamplerParams:
     seed: int = DEFAULT_SEED
 
     def __post_init__(self) -> None:
+        _check_field_types(self)
         if not np.isfinite(self.temp) or self.temp < 0:
             raise ValueError(f"temp must be a finite number >= 0, got {self.temp}")
         if not 0.0 <= self.top_p <= 1.0:
@@ -87,6 +88,33 @@ class SamplerParams:
     def replace(self, **changes: Any) -> SamplerParams:
         """A copy with `changes` applied (checked again)."""
         return dataclasses.replace(self, **changes)
+
+
+_INT_FIELDS = ("top_k", "min_keep", "penalty_last_n", "dry_allowed_length", "dry_penalty_last_n", "seed")
+_FLOAT_FIELDS = ("temp", "top_p", "min_p", "typical_p", "top_n_sigma", "dynatemp_range", "dynatemp_exponent",
+                 "penalty_repeat", "penalty_freq", "penalty_present", "dry_multiplier", "dry_base",
+                 "xtc_probability", "xtc_threshold")
+
+
+def _check_field_types(sp: SamplerParams) -> None:
+    """TypeError/ValueError naming the field before any value reaches C (int32 / finite float)."""
+    for name in _INT_FIELDS:
+        v = getattr(sp, name)
+        if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+            raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+        hi = 0xFFFFFFFF if name == "seed" else 2**31 - 1
+        if not -(2**31) <= int(v) <= hi:
+            raise ValueError(f"{name} out of range, got {v}")
+    for name in _FLOAT_FIELDS:
+        v = getattr(sp, name)
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)):
+            raise TypeError(f"{name} must be a number, got {type(v).__name__}")
+        if not np.isfinite(v):
+            raise ValueError(f"{name} must be finite, got {v}")
+    if sp.grammar is not None and not isinstance(sp.grammar, str):
+        raise TypeError(f"grammar must be a string or None, got {type(sp.grammar).__name__}")
+    if not isinstance(sp.grammar_root, str):
+        raise TypeError(f"grammar_root must be a string, got {type(sp.grammar_root).__name__}")
 
 
 class CandidateBuffers:

@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 
 from . import accept as _accept
-from .context import Context
+from .context import Context, int32_values
 from .drafters.base import Drafter, Proposal
 from .env import env_flag
 from .model import Model
@@ -356,6 +356,7 @@ class RequestHost:
 def build_request(host: RequestHost, prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min,
                   stop, reasoning_budget, ignore_eos, observers) -> _Request:
     """Check every argument of one request (ValueError naming it) and build its objects."""
+    _check_request_types(sampling=sampling, seed=seed, n_max=n_max, n_predict=n_predict, p_min=p_min, stop=stop)
     sampling = sampling or SamplerParams()
     if seed is not None:
         sampling = sampling.replace(seed=int(seed) & 0xFFFFFFFF)
@@ -373,7 +374,11 @@ def build_request(host: RequestHost, prompt, sampling, n_predict, seed, spec_dra
     if n_predict <= 0:
         raise ValueError(f"n_predict must be > 0, got {n_predict}")
     model = host.model
-    tokens = model.tokenize(prompt) if isinstance(prompt, str) else [int(t) for t in prompt]
+    if not isinstance(prompt, (str, Sequence, np.ndarray)):
+        raise TypeError(f"prompt must be a str or a sequence of token ids, got {type(prompt).__name__}")
+    tokens = model.tokenize(prompt) if isinstance(prompt, str) else int32_values(prompt, "prompt").tolist()
+    if any(not 0 <= t < model.n_vocab for t in tokens):
+        raise ValueError(f"prompt: a token id is outside [0, {model.n_vocab})")
     if not tokens:
         raise ValueError("empty prompt")
     if len(tokens) >= host.n_ctx:
@@ -407,7 +412,24 @@ Request = _Request
 Emitter = _Emitter
 
 
+def _check_request_types(*, sampling: Any, seed: Any, n_max: Any, n_predict: Any, p_min: Any, stop: Any) -> None:
+    """TypeError naming the argument for values of the wrong kind (before int()/float() could
+    overflow or silently truncate)."""
+    if sampling is not None and not isinstance(sampling, SamplerParams):
+        raise TypeError(f"sampling must be a SamplerParams, got {type(sampling).__name__}")
+    for name, v, none_ok in (("seed", seed, True), ("n_max", n_max, True), ("n_predict", n_predict, False)):
+        if (v is None and none_ok) or (isinstance(v, (int, np.integer)) and not isinstance(v, bool)):
+            continue
+        raise TypeError(f"{name} must be an int, got {type(v).__name__}")
+    if isinstance(p_min, bool) or not isinstance(p_min, (int, float, np.floating, np.integer)):
+        raise TypeError(f"p_min must be a number, got {type(p_min).__name__}")
+    if isinstance(stop, str) or not isinstance(stop, (Sequence, tuple)) or not all(isinstance(x, str) for x in stop):
+        raise TypeError("stop must be a sequence of strings")
+
+
 def _check_n_max(n_max: int) -> None:
+    if isinstance(n_max, bool) or not isinstance(n_max, (int, np.integer)):
+        raise TypeError(f"n_max must be an int, got {type(n_max).__name__}")
     if not 1 <= int(n_max) <= N_MAX_LIMIT:
         raise ValueError(f"n_max must be in [1, {N_MAX_LIMIT}], got {n_max}")
 

@@ -65,7 +65,8 @@ class DraftModelDrafter(Drafter):
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
         if self.n_max_cap is not None:
             n_max = min(n_max, self.n_max_cap)
-        build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min)
+        build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min,
+                                grammar=self.grammar_clone())  # q masked like p (DESIGN invariant 3)
         row = self._sync(history)
         for i in range(n_max):
             tok = build.add(row)

@@ -99,7 +99,8 @@ class MtpDrafter(Drafter):
         self.ctx.rollback(0, self._pos0 + n_accepted + 1)
 
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
-        build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min)
+        build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min,
+                                grammar=self.grammar_clone())  # q masked like p (DESIGN invariant 3)
         pos = len(history) - 1
         tok = history[-1]
         self._step_h[0] = self.pending_h
