@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from ._ffi import ffi, lib
+from .grammar import GrammarState
 from .model import Model
 
 __all__ = ["DEFAULT_SEED", "TOKEN_DATA", "CandidateBuffers", "ReasoningBudget", "SamplerParams", "TargetSampler",
@@ -336,6 +337,13 @@ class TargetSampler:
 
     def clone(self) -> TargetSampler:
         return TargetSampler(self.model, self.params, _clone_from=self)
+
+    def grammar_clone(self) -> GrammarState | None:
+        """A copy of the grammar's current state (None without a grammar), for a drafter to mask
+        q with and advance by its own drafts; this sampler's state is not touched."""
+        if self._grammar == ffi.NULL:
+            return None
+        return GrammarState(lib.llama_sampler_clone(self._grammar))
 
     # -- the steps ----------------------------------------------------------------------------
     def _check_row(self, logits_row: np.ndarray) -> np.ndarray:

@@ -10,6 +10,7 @@ docs/drafters.md for two complete, tested examples.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -17,6 +18,7 @@ import numpy as np
 
 if TYPE_CHECKING:  # annotations only: the base stays importable without the compiled binding
     from ..context import Context
+    from ..grammar import GrammarState
     from ..sampling import SamplerParams
 
 TOPK_WIDTH = 8  # candidates remembered per draft position for the top-k statistics
@@ -32,6 +34,9 @@ class Proposal:
     # Optional: the drafter's top-8 candidates per position (ids, probs), for draft statistics.
     topk_ids: list[np.ndarray] | None = None
     topk_probs: list[np.ndarray] | None = None
+    # q was masked with a clone of the target's grammar state (every draft grammar-valid): the
+    # rejection rules stay exact under a grammar; False there means the exact-match fallback.
+    q_grammar_masked: bool = False
 
     def __len__(self) -> int:
         return len(self.tokens)
@@ -61,6 +66,7 @@ class Drafter:
     collect_topk: bool = False     # an observer wants topk_ids/topk_probs in the proposals
     params: SamplerParams | None = None  # the target's sampler settings of the current request
     seed: int = 0
+    grammar_source: Callable[[], GrammarState | None] | None = None  # see bind_grammar
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:
@@ -69,6 +75,15 @@ class Drafter:
         self.seed = int(seed)
         self.sample_drafts = bool(sample)
         self.collect_topk = bool(collect_topk)
+
+    def bind_grammar(self, source: Callable[[], GrammarState | None] | None) -> None:
+        """After configure, per request: `source()` returns a fresh clone of the target's grammar
+        state now (None: no grammar). A drafter that masks q with it sets q_grammar_masked."""
+        self.grammar_source = source
+
+    def grammar_clone(self) -> GrammarState | None:
+        """A clone of the target's grammar state at this point of the request, or None."""
+        return self.grammar_source() if self.grammar_source is not None else None
 
     def prepare_target(self, target: Context) -> None:
         """Once, when the generator builds its target context (MTP: turn the nextn rows on)."""

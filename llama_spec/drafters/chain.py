@@ -2,7 +2,7 @@
 
 Per verification the members are asked in order; the first non-empty proposal is the one
 verified (llama.cpp's common_speculative_draft). Every member still sees the whole request:
-``configure``, ``prepare_target``, ``begin``, ``snapshot_prompt``, ``restore_prompt``,
+``configure``, ``bind_grammar``, ``prepare_target``, ``begin``, ``snapshot_prompt``, ``restore_prompt``,
 ``observe`` (every target decode: MTP replays them) and ``close`` go to all of them. After the
 verification the winner gets ``accepted(n)``; every other member gets ``other_accepted(n)`` when
 it has one (the n-gram drafters: a proposal that was not theirs must not tune them, as llama.cpp's
@@ -12,7 +12,7 @@ its hidden row and roll back; draft-simple re-syncs its KV from the history by i
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
@@ -22,6 +22,7 @@ from .base import Drafter, Proposal
 
 if TYPE_CHECKING:  # annotations only: the chain needs no compiled binding itself
     from ..context import Context
+    from ..grammar import GrammarState
     from ..sampling import SamplerParams
 
 
@@ -77,6 +78,11 @@ class ChainDrafter(Drafter):
         super().configure(params, seed, sample=sample, collect_topk=collect_topk)
         for d in self.drafters:
             d.configure(params, seed, sample=sample, collect_topk=collect_topk)
+
+    def bind_grammar(self, source: Callable[[], GrammarState | None] | None) -> None:
+        super().bind_grammar(source)
+        for d in self.drafters:
+            d.bind_grammar(source)
 
     def prepare_target(self, target: Context) -> None:
         for d in self.drafters:

@@ -24,7 +24,9 @@ last draft token, counted over the key's occurrences at positions 1 .. L - n - 2
 last n_match tokens of (history, d_1 .. d_{i-1}), counted over every n-gram the pool has learned.
 Whether to draft and the length cap are those of the deterministic draft (functions of the
 history only); drafting stops early at a context never seen. So d_i is drawn from exactly the q_i
-reported, given d_1 .. d_{i-1}, and the rejection rules apply (DESIGN.md words).
+reported, given d_1 .. d_{i-1}, and the rejection rules apply (DESIGN.md words). Under a
+grammar, q_i is restricted to the tokens a clone of the target's grammar state allows after
+d_1 .. d_{i-1} (drafting stops where none is left), so the rules stay exact there too.
 
 Each drafter learns the history incrementally (amortized O(1) per token): an occurrence index
 over the tokens it has seen, cut back where a new history diverges from the old one.
@@ -50,6 +52,7 @@ from .ngram_index import (
 )
 
 if TYPE_CHECKING:  # annotations only: n-gram drafters need no compiled binding
+    from ..grammar import GrammarState
     from ..sampling import SamplerParams
 
 # llama.cpp's --spec-type names, in its order of preference (common_speculative_init).
@@ -110,6 +113,18 @@ class _NgramDrafter(Drafter):
             return self._choose_sample
         return choose_mode if self.greedy_pick == "mode" else None
 
+    @staticmethod
+    def _mask(g: GrammarState | None, ids: np.ndarray, cnt: np.ndarray,
+              q: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """q restricted to the tokens the grammar clone `g` allows now (renormalized counts)."""
+        if g is None:
+            return ids, cnt, q
+        ok = g.allowed(ids)
+        if ok.all():
+            return ids, cnt, q
+        ids, cnt = ids[ok], cnt[ok]
+        return ids, cnt, (cnt / max(cnt.sum(), 1.0)).astype(np.float32)
+
     def _det_parts(self, tokens: Sequence[int]) -> Proposal:
         parts = ProposalParts(self.sample_drafts, self.collect_topk)
         for t in tokens:
@@ -121,6 +136,7 @@ class _NgramDrafter(Drafter):
         """Draft up to k tokens from the continuations of `starts` (occurrences of the key,
         newest first) in `toks`; q_i counts the next tokens of the occurrences still matching."""
         parts = ProposalParts(self.sample_drafts, self.collect_topk)
+        g = self.grammar_clone()  # q masked like p under a grammar (advanced by each draft)
         end = len(toks) - 1   # next tokens lie before the last history token (as llama.cpp copies)
         alive = starts
         for i in range(k):
@@ -134,14 +150,16 @@ class _NgramDrafter(Drafter):
                     keep.append(j)
             if not counts:
                 break
-            ids, cnt, q = q_arrays(counts)
-            if p_min > 0.0 and float(q.max()) < p_min:
+            ids, cnt, q = self._mask(g, *q_arrays(counts))
+            if len(ids) == 0 or (p_min > 0.0 and float(q.max()) < p_min):
                 break
             x = choose(ids, cnt)
             tok = int(ids[x])
             parts.add(tok, ids, q)
+            if g is not None:
+                g.accept(tok)
             alive = [j for j in keep if toks[j + n + i] == tok]
-        return parts.finish()
+        return parts.finish(grammar_masked=g is not None)
 
     def other_accepted(self, n_accepted: int) -> None:
         """A chain verified another member's proposal (llama.cpp's accept with is_other)."""
@@ -392,19 +410,22 @@ class NgramModDrafter(_NgramDrafter):
     def _walk_pool(self, history: list[int], k: int, p_min: float, choose: Choose) -> Proposal:
         """Draft up to k tokens; q_i = the pool's counts after the last n_match tokens so far."""
         parts = ProposalParts(self.sample_drafts, self.collect_topk)
+        g = self.grammar_clone()
         n, counts_of = self.n_match, self.pool.counts
         ctx = list(history[len(history) - n :])
         for i in range(k):
             counts = counts_of.get(tuple(ctx[i : i + n]))
             if not counts:
                 break
-            ids, cnt, q = q_arrays(counts)
-            if p_min > 0.0 and float(q.max()) < p_min:
+            ids, cnt, q = self._mask(g, *q_arrays(counts))
+            if len(ids) == 0 or (p_min > 0.0 and float(q.max()) < p_min):
                 break
             tok = int(ids[choose(ids, cnt)])
             parts.add(tok, ids, q)
+            if g is not None:
+                g.accept(tok)
             ctx.append(tok)
-        return parts.finish()
+        return parts.finish(grammar_masked=g is not None)
 
     def accepted(self, n_accepted: int) -> None:
         if self._n_draft_last <= 0:

@@ -145,10 +145,10 @@ class ProposalParts:
     def add_one_hot(self, tok: int) -> None:
         self.add(tok, np.array([tok], dtype=np.int32), np.ones(1, dtype=np.float32))
 
-    def finish(self) -> Proposal:
+    def finish(self, grammar_masked: bool = False) -> Proposal:
         return Proposal(tokens=self.tokens, q_ids=self.q_ids, q_probs=self.q_probs,
                         topk_ids=self.top_ids if self.topk else None,
-                        topk_probs=self.top_probs if self.topk else None)
+                        topk_probs=self.top_probs if self.topk else None, q_grammar_masked=grammar_masked)
 
 
 def q_arrays(counts: dict[int, int]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
