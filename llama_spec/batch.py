@@ -27,7 +27,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,11 +100,13 @@ class BatchGenerator:
 
     ``drafter_factory()`` is called once per slot (None: plain generation). ``n_ctx`` is per
     sequence. ``observers`` watch every request; ``add`` takes per-request observers too.
+    ``context_options``: more Context keywords for the target (n_ubatch, flash_attn, type_k, type_v).
     """
 
     def __init__(self, target: Model, drafter_factory: Callable[[], Drafter] | None = None, *,
                  n_parallel: int = 4, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 n_max: int = 3, observers: Iterable[Observer] = ()) -> None:
+                 n_max: int = 3, observers: Iterable[Observer] = (),
+                 context_options: Mapping[str, Any] | None = None) -> None:
         if not 1 <= int(n_parallel) <= 256:
             raise ValueError(f"n_parallel must be in [1, 256], got {n_parallel}")
         if not 1 <= int(n_max) <= N_MAX_LIMIT:
@@ -117,7 +119,8 @@ class BatchGenerator:
         self.n_ctx_per_seq = -(-int(n_ctx) // _PAD) * _PAD
         recurrent = bool(target.is_recurrent or target.is_hybrid)
         self.ctx = Context(target, n_ctx=self.n_parallel * self.n_ctx_per_seq, n_batch=self.n_batch,
-                           n_threads=n_threads, n_seq_max=self.n_parallel, n_rs_seq=self.n_max if recurrent else 0)
+                           n_threads=n_threads, n_seq_max=self.n_parallel, n_rs_seq=self.n_max if recurrent else 0,
+                           **dict(context_options or {}))
         self.drafters: list[Drafter | None] = []
         try:
             self._make_drafters(drafter_factory)

@@ -35,12 +35,13 @@ class _Server:
     def __init__(self, model, *, n_parallel: int, max_queue: int, api_key: str | None = None) -> None:
         import uvicorn
 
+        from llama_spec.batch import BatchGenerator
         from llama_spec.drafters.draft_model import DraftModelDrafter
-        from llama_spec.server import SerialBatchAdapter, ServerConfig, ServerEngine, create_app
+        from llama_spec.server import ServerConfig, ServerEngine, create_app
 
         def make_batch():
-            return SerialBatchAdapter(model, lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS),
-                                      n_parallel=n_parallel, n_ctx=N_CTX, n_threads=THREADS, n_max=3)
+            return BatchGenerator(model, lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS),
+                                  n_parallel=n_parallel, n_ctx=N_CTX, n_threads=THREADS, n_max=3)
 
         self.engine = ServerEngine(make_batch, max_queue=max_queue)
         self.engine.start()

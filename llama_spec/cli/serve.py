@@ -52,7 +52,8 @@ add_parser = add_serve_parser  # the cli package's command-module convention
 
 def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], None]], str]:
     """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
-    from ..server.engine import SerialBatchAdapter, ServerEngine
+    from ..batch import BatchGenerator
+    from ..server.engine import ServerEngine
     from .build import context_options, drafter_factory, load_model, spec_n_max, spec_types
 
     types = spec_types(ns)
@@ -66,9 +67,9 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
     n_max, ctx_opts = spec_n_max(ns, types), context_options(ns)
 
     def make_batch() -> Any:  # runs in the engine's worker thread, which then owns the contexts
-        return SerialBatchAdapter(target, factory, n_parallel=ns.parallel, n_ctx=ns.ctx_size,
-                                  n_batch=ns.batch_size, n_threads=ns.threads, n_max=n_max,
-                                  context_options=ctx_opts)
+        return BatchGenerator(target, factory, n_parallel=ns.parallel, n_ctx=ns.ctx_size,
+                              n_batch=ns.batch_size, n_threads=ns.threads, n_max=n_max,
+                              context_options=ctx_opts)
 
     return ServerEngine(make_batch, max_queue=ns.queue_size), target, closers, mode
 

@@ -24,33 +24,18 @@ import dataclasses
 import inspect
 import logging
 import threading
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable
 from typing import Any, Protocol
 
+from ..batch import GenerationRequest
 from ..drafters.base import Drafter
 from ..errors import RequestError, SequenceError
 from ..model import Model
-from ..sampling import SamplerParams
 from ..speculative import GenerationResult, GenerationStream, SpeculativeGenerator, TokenEvent
 
 __all__ = ["BatchLike", "GenerationRequest", "RequestHandle", "SerialBatchAdapter", "ServerEngine"]
 
 log = logging.getLogger("llama_spec.server")
-
-
-@dataclass
-class GenerationRequest:
-    """One sequence for a batch generator (INTERFACES.md; moves to llama_spec/batch.py with it)."""
-
-    prompt: str | list[int]
-    sampling: SamplerParams = SamplerParams()
-    n_predict: int = 128
-    seed: int | None = None
-    stop: Sequence[str] = ()
-    verify: str | None = None      # None: the generator's default rule
-    n_max: int | None = None
-    ignore_eos: bool = False
 
 
 class BatchLike(Protocol):
