@@ -134,12 +134,12 @@ def test_grammar_state_clone_allowed_accept(smollm):
 
 
 # -- 1. JSON under a grammar: the token rule runs, output parses, acceptance beats the fallback ----
-def _json_runs(gen, grammar, verify="token"):
+def _json_runs(gen, grammar, verify="token", seeds=(1, 2)):
     out, acc, drafted = [], 0, 0
     for i, prompt in enumerate(JSON_PROMPTS):
-        for seed in (1, 2):
+        for seed in seeds:
             r = gen.generate(prompt, sampling=SamplerParams(temp=0.8, grammar=grammar), seed=seed + 10 * i,
-                             n_predict=64, verify=verify)
+                             n_predict=48, verify=verify)
             out.append(r)
             acc += r.stats.accepted
             drafted += r.stats.drafted
@@ -163,7 +163,7 @@ def test_json_grammar_token_rule_valid_and_beats_exact_match(smollm, json_gramma
         assert all(r.stats.exact_match_verifications == r.stats.verifications for r in base)  # the fallback
         assert acc > acc_exact, (acc, acc_exact)
         # the block rule under a grammar: drafts are grammar-valid, so its sampler clone accepts them
-        blk, _ = _json_runs(masked, json_grammar, verify="block")
+        blk, _ = _json_runs(masked, json_grammar, verify="block", seeds=(3,))
         assert sum(r.stats.block_verifications for r in blk) > 0
         for r in blk:
             if r.stop_reason == "eos":

@@ -87,6 +87,9 @@ def add_sampling_args(ap: argparse.ArgumentParser) -> None:
                     help="stop at PROMPT (repeatable; the text ends before it)")
     ap.add_argument("--grammar", default=None, help="GBNF grammar text")
     ap.add_argument("--grammar-file", default=None)
+    ap.add_argument("-j", "--json-schema", default=None, metavar="SCHEMA",
+                    help="JSON schema to constrain the output (llama.cpp's json-schema-to-grammar)")
+    ap.add_argument("-jf", "--json-schema-file", default=None, metavar="FILE", help="file holding a JSON schema")
 
 
 def add_spec_type_args(ap: argparse.ArgumentParser) -> None:

@@ -15,6 +15,7 @@ from ..drafters.chain import ChainDrafter
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_drafter, parse_spec_types
+from ..grammar import json_schema_to_grammar
 from ..model import Model
 from ..models_registry import resolve_model
 from ..sampling import SamplerParams
@@ -29,6 +30,11 @@ def sampling_params(ns: argparse.Namespace) -> SamplerParams:
     grammar = ns.grammar
     if ns.grammar_file:
         grammar = Path(ns.grammar_file).read_text()
+    schema = Path(ns.json_schema_file).read_text() if ns.json_schema_file else ns.json_schema
+    if schema is not None:
+        if grammar is not None:
+            raise ValueError("--json-schema(-file) and --grammar(-file) both given: use one")
+        grammar = json_schema_to_grammar(schema)  # llama.cpp's converter; ValueError on a bad schema
     return SamplerParams(temp=ns.temp, top_k=ns.top_k, top_p=ns.top_p, min_p=ns.min_p, typical_p=ns.typical,
                          top_n_sigma=ns.top_n_sigma, penalty_repeat=ns.repeat_penalty,
                          penalty_last_n=ns.repeat_last_n, grammar=grammar)
