@@ -117,11 +117,38 @@ def resolve(name: str) -> Path:
     return resolve_model(name)
 
 
+def build_native_server() -> Path:
+    """Build native llama-server from the pinned source in its own cmake folder (the package's
+    build has LLAMA_BUILD_SERVER=OFF), niced; return the binary. Cached: a second call is a no-op."""
+    sys.path.insert(0, str(ROOT))
+    import build_llama
+
+    src, src_id = build_llama.llama_source()
+    bdir = build_llama.cache_root() / f"server-{build_llama.backend()}-{src_id.replace(':', '_').replace('/', '_')[-24:]}"
+    binary = bdir / "bin" / "llama-server"
+    if binary.exists():
+        return binary
+    bdir.mkdir(parents=True, exist_ok=True)
+    args = [x.replace("-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_SERVER=ON") for x in build_llama.cmake_args(src, bdir)]
+    log = bdir / "bench-server-build.log"
+    nice = ["nice", "-n", "10"]
+    print(f"building llama-server in {bdir} (log: {log})", file=sys.stderr)
+    build_llama._configure([*nice, *args], log)
+    jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
+    build_llama._run_logged([*nice, "cmake", "--build", str(bdir), "-j", jobs, "--target", "llama-server"], log,
+                            "cmake build (llama-server)")
+    # it must link and run: --version exits 0
+    subprocess.run([str(binary), "--version"], check=True, capture_output=True, timeout=60)
+    return binary
+
+
 def native_binary(a: argparse.Namespace) -> Path | None:
     if a.skip_native:
         return None
     if a.native_server:
         return Path(a.native_server)
+    if a.build_native:
+        return build_native_server()
     sys.path.insert(0, str(ROOT))
     import build_llama
 
@@ -171,6 +198,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-repack", action="store_true", help="-nr on both servers (default: llama.cpp's default)")
     ap.add_argument("--native-server", default=None, help="llama-server binary built from the pinned source")
     ap.add_argument("--skip-native", action="store_true")
+    ap.add_argument("--build-native", action="store_true",
+                    help="build llama-server from the pinned source in a separate cmake folder (niced, cached)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--quick", action="store_true", help="smoke run: 0.5B <- 0.5B, C=1,2, 16 tokens, 1 round")
     ap.add_argument("--json", default=None)
