@@ -6,7 +6,7 @@
 * :class:`GrammarState` owns one llama.cpp grammar sampler. ``TargetSampler.grammar_clone()``
   hands a drafter a copy of the target's grammar state at the start of a draft; the drafter masks
   its q with it and advances it by each token it drafts, so p and q are both grammar-masked and
-  the rejection rules stay exact under a grammar (DESIGN.md invariant 3).
+  the rejection rules stay exact under a grammar (docs/design.md invariant 3).
 """
 
 from __future__ import annotations
@@ -73,7 +73,8 @@ class GrammarState:
         return GrammarState(lib.llama_sampler_clone(self._ptr))
 
     def apply(self, cur: Any) -> None:
-        """Set the logit of every token the grammar forbids now to -inf in `cur` (llama_token_data_array *)."""
+        """Set the logit of every token the grammar forbids now to -inf in `cur`
+        (a llama_token_data_array *)."""
         lib.llama_sampler_apply(self._ptr, cur)
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:

@@ -6,7 +6,7 @@ temperature 0.8):
 
   rejection     q masked with a clone of the target's grammar state, the token rule decides
   fallback      q not masked (the drafter ignores the grammar), sampled drafts: the rule falls
-                back to exact-match (what llama-spec did before; DESIGN invariant 3)
+                back to exact-match (what llama-spec did before; docs/design.md invariant 3)
   exact-argmax  spec_draft_sample=False, unmasked argmax drafts, exact-match (llama.cpp's rule)
   plain         no drafter (the t/s reference)
 

@@ -3,7 +3,7 @@
 With a grammar, p is grammar-masked (the target sampler applies the grammar before its chain).
 The draft-model drafter (and the n-gram drafters' sampled q) mask q with a clone of the target's
 grammar state, taken at the start of each draft and advanced by each drafted token, so every
-draft is grammar-valid and the token/block rules stay exact (DESIGN.md invariant 3); a drafter
+draft is grammar-valid and the token/block rules stay exact (docs/design.md invariant 3); a drafter
 that does not mask still gets the exact-match fallback.
 
 Distribution tests (the first two tokens, as tests/test_distribution.py) under a 12-colour enum

@@ -106,7 +106,8 @@ class MirrorSampler:
         # start from the k largest logits instead of the full vocabulary (see _shim.h).
         k = params.top_k if params.top_n_sigma <= 0 else 0
         lib.llama_sampler_apply(self._chain, self._cb.fill(row, k))
-        return self._draw(*(a.copy() for a in self._cb.probs_view()), topk)
+        ids, probs = self._cb.probs_view()
+        return self._draw(ids.copy(), probs.copy(), topk)
 
     def _draw(self, ids: np.ndarray, probs: np.ndarray, topk: int):
         """Draw from q = probs (float32 (n,)) over ids (int32 (n,)), zero entries dropped."""
@@ -153,7 +154,8 @@ class MirrorSampler:
                 top_ids, top_p = ids[order].copy(), probs[order].copy()
             return tok, np.array([tok], dtype=np.int32), np.ones(1, dtype=np.float32), top_ids, top_p
         lib.llama_sampler_apply(self._chain, cur)
-        return self._draw(*(a.copy() for a in self._cb.probs_view()), topk)
+        ids, probs = self._cb.probs_view()
+        return self._draw(ids.copy(), probs.copy(), topk)
 
 
 class ProposalBuilder:

@@ -24,7 +24,7 @@ last draft token, counted over the key's occurrences at positions 1 .. L - n - 2
 last n_match tokens of (history, d_1 .. d_{i-1}), counted over every n-gram the pool has learned.
 Whether to draft and the length cap are those of the deterministic draft (functions of the
 history only); drafting stops early at a context never seen. So d_i is drawn from exactly the q_i
-reported, given d_1 .. d_{i-1}, and the rejection rules apply (DESIGN.md words). Under a
+reported, given d_1 .. d_{i-1}, and the rejection rules apply (docs/design.md words). Under a
 grammar, q_i is restricted to the tokens a clone of the target's grammar state allows after
 d_1 .. d_{i-1} (drafting stops where none is left), so the rules stay exact there too.
 
