@@ -119,7 +119,7 @@ class PairedExpectation(Observer):
         self.n += 1
         self.e_token += et
         self.e_block += eb
-        self.block_below_token += eb < et - 1e-6
+        self.block_below_token += int(eb < et - 1e-6)
 
 
 def make_pair(config: str, args) -> Pair:
