@@ -67,6 +67,35 @@ int32_t lsp_process_seqs(llama_context * ctx, llama_batch_ext * batch,
     return llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
 }
 
+int32_t lsp_process_seq_sets(llama_context * ctx, llama_batch_ext * batch,
+                             const int32_t * tokens, const int32_t * pos, int32_t n,
+                             const int32_t * seq_ids, const int32_t * n_seq, const int8_t * outputs) {
+    llama_batch_ext_clear(batch);
+    int32_t off = 0;
+    for (int32_t i = 0; i < n; ++i) {
+        if (n_seq[i] < 1) {
+            return -100 - i;
+        }
+        const int32_t idx = llama_batch_ext_add_token(batch, seq_ids[off], tokens[i]);
+        if (idx < 0) {
+            return -100 - i;
+        }
+        for (int32_t j = 1; j < n_seq[i]; ++j) {  // add_seq before the other setters (llama.h)
+            if (!llama_batch_ext_add_seq(batch, idx, seq_ids[off + j])) {
+                return -100 - i;
+            }
+        }
+        off += n_seq[i];
+        if (!llama_batch_ext_set_pos(batch, idx, &pos[i])) {
+            return -100 - i;
+        }
+        if (outputs[i] != 0) {
+            llama_batch_ext_set_output_logits(batch, idx, true);
+        }
+    }
+    return llama_process(ctx, LLAMA_PROCESS_TYPE_DECODE, batch);
+}
+
 void lsp_candidates_init(const float * logits, int32_t n_vocab, llama_token_data * buf, llama_token_data_array * cur) {
     for (int32_t i = 0; i < n_vocab; ++i) {
         buf[i].id    = i;

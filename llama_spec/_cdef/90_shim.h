@@ -35,6 +35,13 @@ int32_t lsp_process_seqs(struct llama_context * ctx, struct llama_batch_ext * ba
                          const int32_t * tokens, const int32_t * pos, int32_t n, const int32_t * seq_ids,
                          const int8_t * outputs);
 
+/* A tree batch: row i belongs to the n_seq[i] sequences seq_ids[off_i .. off_i + n_seq[i] - 1]
+ * (off_i = n_seq[0] + .. + n_seq[i - 1]; n_seq[i] >= 1): its KV cell is shared by all of them
+ * (a unified KV cache is needed). outputs must not be NULL. No embd rows. */
+int32_t lsp_process_seq_sets(struct llama_context * ctx, struct llama_batch_ext * batch,
+                             const int32_t * tokens, const int32_t * pos, int32_t n,
+                             const int32_t * seq_ids, const int32_t * n_seq, const int8_t * outputs);
+
 /* ---- candidates ----
  * Write the full-vocabulary candidate array for one logits row into `buf` (n_vocab entries:
  * id = i, logit = logits[i], p = 0) and point `cur` at it (size n_vocab, unsorted, selected -1). */

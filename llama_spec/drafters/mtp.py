@@ -113,5 +113,14 @@ class MtpDrafter(Drafter):
             self._step_h[0] = h_row[0]
         return build.finish()
 
+    def enable_tree(self, shape: tuple[int, ...]) -> None:
+        """Trees are refused: the MTP models here are hybrid recurrent (qwen35), and a tree needs one
+        recurrent state per path, which llama.cpp cannot branch in one batch (docs/trees.md)."""
+        raise ValueError(f"tree: draft-mtp cannot draft trees on {self.model.path}: its model is "
+                         f"{'hybrid ' if self.model.is_hybrid else ''}recurrent and llama.cpp keeps one recurrent "
+                         "state per sequence set, so the paths of a tree cannot branch in one batch (docs/trees.md)"
+                         if self.model.is_recurrent or self.model.is_hybrid else
+                         f"tree: draft-mtp trees are not implemented (model {self.model.path})")
+
     def close(self) -> None:
         self.ctx.close()
