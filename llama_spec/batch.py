@@ -1,6 +1,6 @@
 """Batched speculative generation: many sequences (slots) share one target context and its decodes.
 
-Per ``step()`` (DESIGN.md words):
+Per ``step()`` (docs/design.md words):
 
 1. each newly added sequence is prefilled on its own (its own decodes, chunks of n_batch, its
    seq id) and gets its first token, the target's own sample after the prompt — exactly the
