@@ -140,6 +140,9 @@ class Context(NativeHandle):
         p.type_v = KV_CACHE_TYPES[type_v]
         clear_recent_errors()
         # on RPC servers: every call that talks to them runs guarded (a lost server raises
+        nextn: bool = False,
+        ctx_other: Context | None = None,
+        kv_unified: bool = False,
         # RpcConnectionError instead of aborting the process; see llama_spec.rpc)
         self._rpc = bool(model.rpc_endpoints)
         if self._rpc:
@@ -162,6 +165,10 @@ class Context(NativeHandle):
             # aborts the process on the first decode otherwise: refuse here instead.
             self.close()
             raise ValueError(
+        if threading.current_thread() is threading.main_thread():
+            # Only the main thread receives signals; elsewhere the callback would only cost GIL waits.
+            p.abort_callback = _abort_check
+        p.kv_unified = bool(kv_unified)  # one KV buffer for all sequences: a cell can belong to several (trees)
                 f"n_rs_seq={self.n_rs_seq} needs n_ubatch > {self.n_rs_seq + 1}, but n_ubatch is {self.n_ubatch} "
                 f"(n_ctx={self.n_ctx}, n_batch={n_batch}): raise n_ctx/n_batch or lower n_rs_seq"
             )
@@ -328,6 +335,37 @@ class Context(NativeHandle):
         one per output row. Valid until the next decode.
         """
         if not self._nextn:
+    def decode_seq_sets(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
+                        seq_sets: Sequence[Sequence[int]],
+                        outputs: OutputsSpec | Sequence[bool] | np.ndarray = "all") -> np.ndarray:
+        """Decode one batch whose row i belongs to every sequence of seq_sets[i] (a tree: one KV cell
+        shared by the paths through a node; needs kv_unified=True when n_seq_max > 1). Returns the
+        output rows' logits, (n_out, n_vocab), a view valid until the next decode."""
+        if self._ptr is None or self._lost is not None:
+            self._check_usable()
+        n = self._fill(tokens, positions, 0, outputs)
+        if len(seq_sets) != n or any(len(s) == 0 for s in seq_sets):
+            raise ValueError(f"seq_sets needs one non-empty set per token ({n}), got {len(seq_sets)}")
+        flat = np.fromiter((x for s in seq_sets for x in s), dtype=np.int32)
+        counts = np.fromiter((len(s) for s in seq_sets), dtype=np.int32, count=n)
+        if flat.min() < 0 or flat.max() >= self.n_seq_max:
+            raise ValueError(f"seq ids {int(flat.min())}..{int(flat.max())} out of range [0, {self.n_seq_max})")
+        args = (self._ptr, self._batch, self._tok_p, self._pos_p, n, ffi.cast("int32_t *", flat.ctypes.data),
+                ffi.cast("int32_t *", counts.ctypes.data), self._out_p)
+        rc = (_rpc.call_guarded(self._process_seq_sets_sync, args) if self._rpc
+              else lib.lsp_process_seq_sets(*args))
+        if rc <= -100:
+            raise DecodeError(rc, f"adding batch row {-100 - rc}")
+        if rc != 0:
+            raise DecodeError(rc)
+        self.n_outputs = int(self._out[:n].sum())
+        return self.logits()
+
+    def _process_seq_sets_sync(self, args: tuple) -> int:
+        rc = lib.lsp_process_seq_sets(*args)
+        lib.llama_synchronize(self._ptr)
+        return rc
+
             raise ValueError("nextn rows were not requested: call set_nextn(True) before decoding")
         ptr = lib.lsp_get_embeddings_nextn(self.ptr)
         if ptr == ffi.NULL:

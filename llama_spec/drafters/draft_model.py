@@ -13,8 +13,10 @@ import numpy as np
 from ..context import Context
 from ..model import Model
 from ..sampling import SamplerParams
+from ..tree_shape import build_tree
 from .base import Drafter, Proposal
 from .mirror import MirrorSampler, ProposalBuilder
+from .tree import TreeBuilder, TreeProposal, new_tree_rng
 
 
 class DraftModelDrafter(Drafter):
@@ -34,12 +36,15 @@ class DraftModelDrafter(Drafter):
         self.sample_drafts = sample
         self.collect_topk = False
         self._kv: list[int] = []
+        self._ctx_args = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self._tree_rng = new_tree_rng(seed)
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:
         super().configure(params, seed, sample=sample, collect_topk=collect_topk)
         self.mirror.configure(params)
         self.mirror.reseed(seed)
+        self._tree_rng = new_tree_rng(seed)
 
     def begin(self, prompt: list[int]) -> None:
         # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
@@ -76,6 +81,42 @@ class DraftModelDrafter(Drafter):
                 row = self.ctx.decode([tok], [len(self._kv)], 0, "last")[0]
                 self._kv.append(tok)
         return build.finish()
+
+    # -- trees (drafters/tree.py) ---------------------------------------------------------------
+    def enable_tree(self, shape: tuple[int, ...]) -> None:
+        """Before any decode: give the draft context one sequence per path of `shape` (+ seq 0, the
+        committed tokens) in a unified KV cache. ValueError if the draft model cannot branch."""
+        if self.model.is_recurrent or self.model.is_hybrid:
+            raise ValueError(f"tree: the draft model {self.model.path} is recurrent/hybrid: a tree needs one "
+                             "recurrent state per path, which llama.cpp cannot branch (docs/trees.md)")
+        n_seq = build_tree(shape).n_seqs + 1
+        if self.ctx.n_seq_max >= n_seq:
+            return
+        self.ctx.close()
+        self.ctx = Context(self.model, n_seq_max=n_seq, kv_unified=True, **self._ctx_args)  # type: ignore[arg-type]
+        self._kv = []
+
+    def draft_tree(self, history: list[int], shape: tuple[int, ...], p_min: float) -> TreeProposal:
+        """A tree proposal of `shape` continuing `history`: one draft batch per depth, each node in
+        the sequences (1 ..) of the full shape's paths through it; seq 0 is left as it was."""
+        build = TreeBuilder(self.mirror, shape, self._tree_rng, sample=self.sample_drafts,
+                            collect_topk=self.collect_topk, p_min=p_min)
+        frontier = [(0, self._sync(history))]
+        pos0, n_seq = len(history) - 1, build.full.n_seqs
+        for s in range(1, n_seq + 1):
+            self.ctx.seq_cp(0, s)
+        try:
+            for d, width in enumerate(shape):
+                new = [i for r, row in frontier for i in build.expand(r, row, width)]
+                if not new or d + 1 == len(shape):
+                    break
+                toks = [build.prop.tokens[i] for i in new]
+                rows = self.ctx.decode_seq_sets(toks, [pos0 + d + 1] * len(new), build.seq_sets(new, 1), "all")
+                frontier = [(i + 1, rows[j]) for j, i in enumerate(new)]
+        finally:
+            for s in range(1, n_seq + 1):
+                self.ctx.seq_rm(s, -1, -1)
+        return build.prop
 
     def close(self) -> None:
         self.ctx.close()
