@@ -9,6 +9,7 @@ decodes (cffi releases it around every C call).
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Sequence
 from typing import Any
 
@@ -43,6 +44,29 @@ _MAX_CTX = 1 << 24   # 16M tokens: beyond any model here; larger values only fai
 def default_threads() -> int:
     """llama-spec's default thread count: every core."""
     return max(1, os.cpu_count() or 1)
+
+
+_SIGNALS = threading.local()  # .pending: an exception a signal handler raised during this thread's decode
+
+
+def _abort_error(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
+    # a signal handler (Ctrl-C) raised inside the callback: abort the decode, re-raise after it
+    _SIGNALS.pending = exc if exc is not None else exc_type()
+    return True
+
+
+@ffi.callback("bool(void *)", onerror=_abort_error)
+def _abort_check(_data: Any) -> bool:
+    """ggml's abort callback (between graph nodes, in the calling thread): running Python code
+    here lets a pending SIGINT handler run, so Ctrl-C stops a long decode within one node."""
+    return False
+
+
+def _raise_pending_signal() -> None:
+    exc = getattr(_SIGNALS, "pending", None)
+    if exc is not None:
+        _SIGNALS.pending = None
+        raise exc
 
 
 def int32_values(values: Any, name: str, n: int | None = None) -> np.ndarray:
@@ -81,6 +105,11 @@ def _check_context_args(**kw: int | None) -> None:
         lo, hi = limits[name]
         if not lo <= int(v) <= hi:
             raise ValueError(f"{name} must be in [{lo}, {hi}], got {v}")
+    # llama.cpp reserves max(outputs, n_seq_max) logits rows in a buffer of min(n_ctx, n_batch) rows
+    # and GGML_ASSERTs (aborts) when n_seq_max is larger (found by scripts/fuzz_api.py)
+    n_rows = min(int(kw["n_ctx"] or 0), int(kw["n_batch"] or 0))
+    if int(kw["n_seq_max"] or 0) > n_rows:
+        raise ValueError(f"n_seq_max ({kw['n_seq_max']}) must be <= min(n_ctx, n_batch) ({n_rows})")
 
 
 class Context(NativeHandle):
@@ -94,7 +123,6 @@ class Context(NativeHandle):
     _kind = "Context"
     _ctx_type = lib.LLAMA_CONTEXT_TYPE_DEFAULT
     _batch: Any = ffi.NULL
-
     _seq: np.ndarray | None = None   # seq id per batch row, for decode_multi (allocated on first use)
     _seq_p: Any = None
 
@@ -110,21 +138,22 @@ class Context(NativeHandle):
         n_seq_max: int = 1,
         n_rs_seq: int = 0,
         flash_attn: FlashAttn = "auto",
-        nextn: bool = False,
-        ctx_other: Context | None = None,
         type_k: str = "f16",
         type_v: str = "f16",
+        nextn: bool = False,
+        ctx_other: Context | None = None,
+        kv_unified: bool = False,
     ) -> None:
         _check_context_args(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                             n_threads_batch=n_threads_batch, n_seq_max=n_seq_max, n_rs_seq=n_rs_seq)
         if not isinstance(flash_attn, str) or flash_attn not in _FLASH:
             raise ValueError(f"flash_attn {flash_attn!r}: expected one of {', '.join(_FLASH)}")
-        self.model = model
-        p = lib.llama_context_default_params()
-        p.n_ctx = int(n_ctx)
         for name, t in (("type_k", type_k), ("type_v", type_v)):
             if not isinstance(t, str) or t not in KV_CACHE_TYPES:
                 raise ValueError(f"{name} {t!r}: expected one of {', '.join(KV_CACHE_TYPES)}")
+        self.model = model
+        p = lib.llama_context_default_params()
+        p.n_ctx = int(n_ctx)
         p.n_batch = int(n_batch)
         p.n_ubatch = int(n_ubatch or n_batch)
         p.n_seq_max = int(n_seq_max)
@@ -133,16 +162,17 @@ class Context(NativeHandle):
         p.n_threads_batch = int(n_threads_batch or n_threads or default_threads())
         p.ctx_type = self._ctx_type
         p.flash_attn_type = _FLASH[flash_attn]
-        p.no_perf = True
-        if ctx_other is not None:
-            p.ctx_other = ctx_other.ptr
         p.type_k = KV_CACHE_TYPES[type_k]
         p.type_v = KV_CACHE_TYPES[type_v]
+        p.no_perf = True
+        if threading.current_thread() is threading.main_thread():
+            # Only the main thread receives signals; elsewhere the callback would only cost GIL waits.
+            p.abort_callback = _abort_check
+        p.kv_unified = bool(kv_unified)  # one KV buffer for all sequences: a cell can belong to several (trees)
+        if ctx_other is not None:
+            p.ctx_other = ctx_other.ptr
         clear_recent_errors()
         # on RPC servers: every call that talks to them runs guarded (a lost server raises
-        nextn: bool = False,
-        ctx_other: Context | None = None,
-        kv_unified: bool = False,
         # RpcConnectionError instead of aborting the process; see llama_spec.rpc)
         self._rpc = bool(model.rpc_endpoints)
         if self._rpc:
@@ -165,10 +195,6 @@ class Context(NativeHandle):
             # aborts the process on the first decode otherwise: refuse here instead.
             self.close()
             raise ValueError(
-        if threading.current_thread() is threading.main_thread():
-            # Only the main thread receives signals; elsewhere the callback would only cost GIL waits.
-            p.abort_callback = _abort_check
-        p.kv_unified = bool(kv_unified)  # one KV buffer for all sequences: a cell can belong to several (trees)
                 f"n_rs_seq={self.n_rs_seq} needs n_ubatch > {self.n_rs_seq + 1}, but n_ubatch is {self.n_ubatch} "
                 f"(n_ctx={self.n_ctx}, n_batch={n_batch}): raise n_ctx/n_batch or lower n_rs_seq"
             )
@@ -269,6 +295,7 @@ class Context(NativeHandle):
             rc = _rpc.call_guarded(self._process_sync, n, seq_id, e_ptr)
         else:
             rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
+        _raise_pending_signal()  # Ctrl-C during the decode (rc 2: aborted)
         if rc <= -100:
             raise DecodeError(rc, f"adding batch row {-100 - rc}")
         if rc != 0:
@@ -308,33 +335,6 @@ class Context(NativeHandle):
         lib.llama_synchronize(self._ptr)
         return rc
 
-    def _process_sync(self, n: int, seq_id: int, e_ptr: Any) -> int:
-        rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
-        lib.llama_synchronize(self._ptr)  # all of this decode's RPC traffic happens under the guard
-        return rc
-
-    def logits(self) -> np.ndarray:
-        """Zero-copy view of the last decode's logits, (n_outputs, n_vocab) float32."""
-        if self._ptr is None or self._lost is not None:
-            self._check_usable()
-        ptr = lib.llama_get_logits(self._ptr)
-        if ptr == ffi.NULL or self.n_outputs == 0:
-            return np.empty((0, self.n_vocab), dtype=np.float32)
-        return np.frombuffer(ffi.buffer(ptr, self.n_outputs * self.n_vocab * 4), dtype=np.float32).reshape(
-            self.n_outputs, self.n_vocab
-        )
-
-    def logits_address(self) -> int:
-        """Address of llama.cpp's logits buffer (tests use it to prove the view is zero-copy)."""
-        return int(ffi.cast("uintptr_t", lib.llama_get_logits(self.ptr)))
-
-    def nextn_rows(self, n_rows: int | None = None) -> np.ndarray:
-        """Zero-copy view of the MTP hidden rows of the last decode, (rows, n_embd) float32.
-
-        With ``set_nextn(True, masked=False)`` there is one row per batch token; with masked=True
-        one per output row. Valid until the next decode.
-        """
-        if not self._nextn:
     def decode_seq_sets(self, tokens: Sequence[int] | np.ndarray, positions: Sequence[int] | np.ndarray,
                         seq_sets: Sequence[Sequence[int]],
                         outputs: OutputsSpec | Sequence[bool] | np.ndarray = "all") -> np.ndarray:
@@ -366,6 +366,33 @@ class Context(NativeHandle):
         lib.llama_synchronize(self._ptr)
         return rc
 
+    def _process_sync(self, n: int, seq_id: int, e_ptr: Any) -> int:
+        rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
+        lib.llama_synchronize(self._ptr)  # all of this decode's RPC traffic happens under the guard
+        return rc
+
+    def logits(self) -> np.ndarray:
+        """Zero-copy view of the last decode's logits, (n_outputs, n_vocab) float32."""
+        if self._ptr is None or self._lost is not None:
+            self._check_usable()
+        ptr = lib.llama_get_logits(self._ptr)
+        if ptr == ffi.NULL or self.n_outputs == 0:
+            return np.empty((0, self.n_vocab), dtype=np.float32)
+        return np.frombuffer(ffi.buffer(ptr, self.n_outputs * self.n_vocab * 4), dtype=np.float32).reshape(
+            self.n_outputs, self.n_vocab
+        )
+
+    def logits_address(self) -> int:
+        """Address of llama.cpp's logits buffer (tests use it to prove the view is zero-copy)."""
+        return int(ffi.cast("uintptr_t", lib.llama_get_logits(self.ptr)))
+
+    def nextn_rows(self, n_rows: int | None = None) -> np.ndarray:
+        """Zero-copy view of the MTP hidden rows of the last decode, (rows, n_embd) float32.
+
+        With ``set_nextn(True, masked=False)`` there is one row per batch token; with masked=True
+        one per output row. Valid until the next decode.
+        """
+        if not self._nextn:
             raise ValueError("nextn rows were not requested: call set_nextn(True) before decoding")
         ptr = lib.lsp_get_embeddings_nextn(self.ptr)
         if ptr == ffi.NULL:
