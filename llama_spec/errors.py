@@ -25,6 +25,10 @@ class ModelLoadError(LlamaSpecError):
         self.reason = reason
 
 
+class GeneratorBusyError(LlamaSpecError, RuntimeError):
+    """A generator was used from a second thread while a request of another thread was running."""
+
+
 class ContextError(LlamaSpecError):
     """llama.cpp refused to create a context with the given parameters, or a memory op failed."""
 

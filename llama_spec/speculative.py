@@ -17,6 +17,7 @@ sampler: the reference the speculative modes are tested against.
 from __future__ import annotations
 
 import codecs
+import threading
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,7 @@ from . import accept as _accept
 from .context import Context, int32_values
 from .drafters.base import Drafter, Proposal
 from .env import env_flag
+from .errors import GeneratorBusyError
 from .model import Model
 from .observers import Observer, RequestInfo
 from .rules import RULE_NAMES, Rule, Verification, VerifyName, choose, make_rules
@@ -65,6 +67,11 @@ class GenerationStream:
     def __init__(self) -> None:
         self.result: GenerationResult | None = None
         self._it: Iterator[TokenEvent] = iter(())
+        self._release: Any = None   # gives the generator back (a stream that is never iterated too)
+
+    def __del__(self) -> None:
+        if self._release is not None:
+            self._release()
 
     def __iter__(self) -> GenerationStream:
         return self
@@ -180,6 +187,8 @@ class SpeculativeGenerator:
         self.observers: list[Observer] = list(observers)
         self._cached_prompt: np.ndarray | None = None
         self.total = SpecStats()
+        self._owner_lock = threading.Lock()
+        self._owner: tuple[int, object] | None = None   # (thread id, token) of the request that owns the loop
 
     def close(self) -> None:
         if self.drafter is not None:
@@ -218,11 +227,53 @@ class SpeculativeGenerator:
         spec_draft_sample=False (or LLAMA_ARG_SPEC_DRAFT_SAMPLE=0) forces exact-match.
         ``result`` (a list the GenerationResult is appended to) is kept for older callers.
         """
-        req = self._request(prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
-                            reasoning_budget, ignore_eos, observers)
-        out = GenerationStream()
-        out._it = self._run(req, out, result)
+        token = self._acquire()  # before the request touches the drafter: another thread's may be running
+        try:
+            req = self._request(prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
+                                reasoning_budget, ignore_eos, observers)
+            out = GenerationStream()
+        except BaseException:
+            self._release(token)
+            raise
+        out._it = self._exclusive(self._run(req, out, result), token)
+        out._release = lambda: self._release(token)
         return out
+
+    # -- one user at a time ---------------------------------------------------------------------
+    def _acquire(self) -> object:
+        """Own the generator for a new request: GeneratorBusyError while another thread's request
+        runs; a newer request of the same thread supersedes its older stream."""
+        me, token = threading.get_ident(), object()
+        with self._owner_lock:
+            if self._owner is not None and self._owner[0] != me:
+                raise GeneratorBusyError(
+                    "this SpeculativeGenerator is running a request of another thread (use one generator per "
+                    "thread; they can share the Model), or a stream of that thread was not closed")
+            self._owner = (me, token)
+        return token
+
+    def _release(self, token: object) -> None:
+        with self._owner_lock:
+            if self._owner is not None and self._owner[1] is token:
+                self._owner = None
+
+    def _exclusive(self, it: Iterator[TokenEvent], token: object) -> Iterator[TokenEvent]:
+        """`it` while `token` owns the generator; a superseded stream stops with GeneratorBusyError."""
+        try:
+            while True:
+                # checked before `it` resumes: a superseded loop must not touch the contexts again
+                if self._owner is None or self._owner[1] is not token:
+                    raise GeneratorBusyError("a newer request on this generator superseded this stream")
+                try:
+                    ev = next(it)
+                except StopIteration:
+                    return
+                yield ev
+        finally:
+            close = getattr(it, "close", None)
+            if close is not None:
+                close()
+            self._release(token)
 
     def generate(self, prompt: str | Sequence[int], **kwargs) -> GenerationResult:
         s = self.stream(prompt, **kwargs)

@@ -82,3 +82,68 @@ def test_known_aborts_now_raise_naming_the_argument(smollm_path):
         gen.close()
     finally:
         m.close()
+
+
+def test_create_free_cycles_leak_nothing(smollm_path):
+    lc = _script("leak_check")
+    r = lc.check(50, smollm_path, warmup=5, log=None)
+    # proportional to the script's bound: < 10 MB per 1000 cycles -> < 0.5 MB for 50
+    assert r["rss_growth_mib"] < 0.5, r
+    assert r["fds_end"] == r["fds_start"], r
+
+
+def test_sigint_during_a_long_prefill(smollm_path):
+    ic = _script("interrupt_check")
+    r = ic.api_check("smollm2-135m", 1500, delay=1.0)
+    assert not r["finished_before_signal"], r
+    assert r["latency_s"] is not None and r["latency_s"] < 1.0, r   # KeyboardInterrupt within a graph node
+    assert r["same_after"], r   # the same generator then serves a new request like a fresh one
+    c = ic.cli_check("smollm2-135m")
+    assert c["rc"] == 130 and c["bytes"] > 0 and c["utf8_ok"], c
+
+
+def test_one_generator_two_threads_is_refused_two_generators_work(smollm_path):
+    import threading
+
+    from llama_spec import Model, SamplerParams, SpeculativeGenerator
+    from llama_spec.errors import GeneratorBusyError
+
+    m = Model(smollm_path)
+    sp = SamplerParams(temp=0)
+    prompts = ["The capital of France is", "def add(a, b):"]
+    solo = SpeculativeGenerator(m, None, n_ctx=256, n_threads=1)
+    ref = [solo.generate(p, sampling=sp, n_predict=16).tokens for p in prompts]
+    # one generator, a stream running in this thread: another thread gets a clear error
+    s = solo.stream("Once upon a time", sampling=sp, n_predict=20)
+    first = next(s)
+    errs: list[BaseException] = []
+
+    def intruder():
+        try:
+            solo.generate("x", n_predict=2)
+        except BaseException as e:  # noqa: BLE001
+            errs.append(e)
+
+    t = threading.Thread(target=intruder)
+    t.start()
+    t.join()
+    assert len(errs) == 1 and isinstance(errs[0], GeneratorBusyError), errs
+    rest = [ev.token for ev in s]
+    assert len(rest) == 19 and first.token is not None   # the running stream was not disturbed
+    assert solo.generate(prompts[0], sampling=sp, n_predict=16).tokens == ref[0]
+    # two generators on one Model in two threads: both correct
+    out: dict[int, list[int]] = {}
+
+    def worker(i: int) -> None:
+        g = SpeculativeGenerator(m, None, n_ctx=256, n_threads=1)
+        out[i] = g.generate(prompts[i], sampling=sp, n_predict=16).tokens
+        g.close()
+
+    ts = [threading.Thread(target=worker, args=(i,)) for i in range(2)]
+    for x in ts:
+        x.start()
+    for x in ts:
+        x.join()
+    assert out == {0: ref[0], 1: ref[1]}
+    solo.close()
+    m.close()

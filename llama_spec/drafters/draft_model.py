@@ -59,9 +59,9 @@ class DraftModelDrafter(Drafter):
             if kv[i] != history[i]:
                 c = i
                 break
-        if c < len(kv):
-            self.ctx.rollback(0, c)
-            del kv[c:]
+        # roll back even when c == len(kv): a decode interrupted (Ctrl-C) may have left cells past kv
+        self.ctx.rollback(0, c)
+        del kv[c:]
         todo = history[c:]
         row = self.ctx.prefill(todo, start_pos=c)
         kv.extend(todo)
