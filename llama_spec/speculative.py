@@ -299,12 +299,20 @@ class SpeculativeGenerator:
         for ob in req.observers:
             ob.on_request(req.info)
         t0 = time.perf_counter()
-        logits = self._prefill(req.prompt)
+        # llama-speculative-simple's shapes (a drafter that asks for them, no tree): prefill
+        # prompt[:-1], then the first verification is [prompt[-1], drafts..] (DESIGN invariant 12)
+        native = (bool(getattr(drafter, "native_prompt_split", False)) and len(req.prompt) > 1)
+        logits = self._prefill(req.prompt, head_only=native)
         t1 = time.perf_counter()
         req.stats.t_prompt_s = t1 - t0
         # The first token after the prompt is the target's own sample: a verification without drafts.
         pos0, prop, first = len(req.prompt) - 1, Proposal(), True
         batch = np.asarray(req.prompt[-1:], dtype=np.int32)
+        if native:
+            k = min(req.n_max, self.ctx.n_ctx - 1 - pos0, req.n_predict - 1)
+            prop = self._propose(em.history, k, req.p_min)
+            batch = np.asarray([req.prompt[-1], *prop.tokens], dtype=np.int32)
+            logits, first = self._decode_observed(batch, pos0, "all"), False
         while True:
             rule = choose(req.rule, exact, prop, req.sampler, req.switch)
             v.begin(pos0, batch, logits, prop, rule.name, len(em.tokens), first)
@@ -360,9 +368,10 @@ class SpeculativeGenerator:
             self.drafter.observe(tokens, pos0, self.ctx)
         return logits
 
-    def _prefill(self, prompt: list[int]) -> np.ndarray:
+    def _prefill(self, prompt: list[int], head_only: bool = False) -> np.ndarray | None:
         """Decode the prompt as llama-completion does: all of it, last token included, in chunks of
-        n_batch with the last token's logits; returns those logits, (1, n_vocab).
+        n_batch with the last token's logits; returns those logits, (1, n_vocab). head_only: as
+        llama-speculative-simple, prompt[:-1] only (returns None; the caller decodes the last token).
 
         Prompt cache: when the prompt equals the last one up to its last token, only that token is
         re-decoded on its own. Then (with repacked weights) its logits may differ from
@@ -376,14 +385,15 @@ class SpeculativeGenerator:
                 and self.ctx.seq_rm(0, n_head, -1)):
             if drafter is not None:
                 drafter.restore_prompt(n_head)
-            return self._decode_observed(toks[-1:], n_head, "last")
+            return None if head_only else self._decode_observed(toks[-1:], n_head, "last")
         self._cached_prompt = None
         self.ctx.clear()
         if drafter is not None:
             drafter.begin(prompt)
-        n_batch = self.ctx.n_batch
-        for off in range(0, len(toks), n_batch):
-            logits = self._decode_observed(toks[off : off + n_batch], off, "last")
+        n_batch, todo = self.ctx.n_batch, toks[:-1] if head_only else toks
+        logits = None
+        for off in range(0, len(todo), n_batch):
+            logits = self._decode_observed(todo[off : off + n_batch], off, "last")
         if drafter is not None:
             drafter.snapshot_prompt(n_head)
         self._cached_prompt = toks[:-1].copy()

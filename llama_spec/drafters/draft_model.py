@@ -46,6 +46,22 @@ class DraftModelDrafter(Drafter):
         self.mirror.reseed(seed)
         self._tree_rng = new_tree_rng(seed)
 
+    # The loop decodes prompt[:-1], then [prompt[-1], drafts..] first (llama-speculative-simple's shapes).
+    native_prompt_split = True
+
+    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
+        """Decode every target batch (tokens (n,) at pos0..) in this context too, in the same shape,
+        last row out: llama.cpp's draft-simple process(); the KV then matches native's bit for bit."""
+        self.ctx.rollback(0, pos0)   # the drafter's own single-token steps (and rejected drafts) go
+        del self._kv[pos0:]
+        if len(self._kv) != pos0:    # a gap (should not happen): let the lazy sync rebuild it
+            return
+        if len(tokens) <= self.ctx.n_batch:
+            self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, "last")
+        else:
+            self.ctx.prefill(tokens, start_pos=pos0)
+        self._kv.extend(int(t) for t in tokens)
+
     def begin(self, prompt: list[int]) -> None:
         # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
         pass

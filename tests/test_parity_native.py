@@ -1,0 +1,57 @@
+"""Parity with llama-speculative-simple at llama.cpp's default settings (weight repacking on).
+
+With a draft-simple drafter the loop uses the native tool's batch shapes on both contexts: the
+target and the draft model decode prompt[:-1] in one batch, the first verification is
+[prompt[-1], drafts..], every verification batch is also decoded by the draft context
+(common_speculative_process), and the draft model drafts from single-token steps it then drops.
+So greedy draft-simple output equals the native tool's token for token, repacked weights
+included (DESIGN.md invariant 12). Plain generation vs llama-completion: tests/test_parity_completion.py.
+"""
+
+from __future__ import annotations
+
+import pytest
+from conftest import run_native
+
+from llama_spec import Model, SamplerParams, SpeculativeGenerator
+from llama_spec.drafters.draft_model import DraftModelDrafter
+
+PROMPTS = ["The capital of France is", "def fibonacci(n):\n    "]
+N = 64
+
+
+def _native_spec(native_bin, target, draft, prompt: str, n: int) -> str:
+    # no -nr: repack on, llama.cpp's default; n-max 3 and p-min 0 are its defaults too
+    r = run_native(native_bin, "llama-speculative-simple", [
+        "-m", str(target), "-md", str(draft), "-p", prompt, "-n", str(n), "--temp", "0", "-c", "1024",
+        "-t", "2", "--spec-type", "draft-simple", "--spec-draft-n-max", "3"])
+    assert r.returncode == 0, r.stderr[-2000:]
+    out = r.stdout
+    i = out.find(prompt)
+    return out[i + len(prompt):] if i >= 0 else out
+
+
+def _ours(target_path, draft_path, prompts, n):
+    t, d = Model(target_path), Model(draft_path)   # defaults: repack on
+    gen = SpeculativeGenerator(t, DraftModelDrafter(d, n_ctx=1024, n_threads=2), n_ctx=1024, n_threads=2, n_max=3)
+    try:
+        return [gen.generate(p, sampling=SamplerParams(temp=0.0), n_predict=n, ignore_eos=True).text for p in prompts]
+    finally:
+        gen.close()
+        t.close()
+        d.close()
+
+
+def _check(native: str, ours: str) -> None:
+    ours = ours.rstrip("\ufffd")
+    assert ours and native.startswith(ours), f"\nnative: {native!r}\nours:   {ours!r}"
+
+
+@pytest.mark.parametrize("pair", [("smollm_path", "smollm_path"), ("qwen15_path", "qwen05_path")],
+                         ids=["smollm<-smollm", "qwen1.5b<-qwen0.5b"])
+def test_draft_simple_greedy_matches_llama_speculative_simple(pair, request, native_bin):
+    tp, dp = (request.getfixturevalue(x) for x in pair)
+    prompts = PROMPTS if pair[0] == "smollm_path" else PROMPTS[:1]
+    ours = _ours(tp, dp, prompts, N)
+    for prompt, o in zip(prompts, ours, strict=True):
+        _check(_native_spec(native_bin, tp, dp, prompt, N), o)
