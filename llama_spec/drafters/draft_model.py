@@ -59,7 +59,7 @@ class DraftModelDrafter(Drafter):
         if len(tokens) <= self.ctx.n_batch:
             self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, "last")
         else:
-            self.ctx.prefill(tokens, start_pos=pos0)
+            self.ctx.prefill(tokens.tolist(), start_pos=pos0)
         self._kv.extend(int(t) for t in tokens)
 
     def begin(self, prompt: list[int]) -> None:
