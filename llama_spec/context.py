@@ -92,6 +92,13 @@ def int32_values(values: Any, name: str, n: int | None = None) -> np.ndarray:
     return a
 
 
+def _check_choices(**kw: tuple[Any, dict[str, Any]]) -> None:
+    """ValueError naming the argument when a value is not one of its allowed names."""
+    for name, (v, allowed) in kw.items():
+        if not isinstance(v, str) or v not in allowed:
+            raise ValueError(f"{name} {v!r}: expected one of {', '.join(allowed)}")
+
+
 def _check_context_args(**kw: int | None) -> None:
     """ValueError/TypeError naming the argument for sizes llama.cpp would abort on (before any C call)."""
     limits = {"n_ctx": (1, _MAX_CTX), "n_batch": (1, _MAX_CTX), "n_ubatch": (1, _MAX_CTX),
@@ -146,11 +153,7 @@ class Context(NativeHandle):
     ) -> None:
         _check_context_args(n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_ubatch, n_threads=n_threads,
                             n_threads_batch=n_threads_batch, n_seq_max=n_seq_max, n_rs_seq=n_rs_seq)
-        if not isinstance(flash_attn, str) or flash_attn not in _FLASH:
-            raise ValueError(f"flash_attn {flash_attn!r}: expected one of {', '.join(_FLASH)}")
-        for name, t in (("type_k", type_k), ("type_v", type_v)):
-            if not isinstance(t, str) or t not in KV_CACHE_TYPES:
-                raise ValueError(f"{name} {t!r}: expected one of {', '.join(KV_CACHE_TYPES)}")
+        _check_choices(flash_attn=(flash_attn, _FLASH), type_k=(type_k, KV_CACHE_TYPES), type_v=(type_v, KV_CACHE_TYPES))
         self.model = model
         p = lib.llama_context_default_params()
         p.n_ctx = int(n_ctx)
@@ -162,12 +165,10 @@ class Context(NativeHandle):
         p.n_threads_batch = int(n_threads_batch or n_threads or default_threads())
         p.ctx_type = self._ctx_type
         p.flash_attn_type = _FLASH[flash_attn]
-        p.type_k = KV_CACHE_TYPES[type_k]
-        p.type_v = KV_CACHE_TYPES[type_v]
+        p.type_k, p.type_v = KV_CACHE_TYPES[type_k], KV_CACHE_TYPES[type_v]
         p.no_perf = True
-        if threading.current_thread() is threading.main_thread():
-            # Only the main thread receives signals; elsewhere the callback would only cost GIL waits.
-            p.abort_callback = _abort_check
+        # only the main thread receives signals: elsewhere the abort callback would only cost GIL waits
+        p.abort_callback = _abort_check if threading.current_thread() is threading.main_thread() else ffi.NULL
         p.kv_unified = bool(kv_unified)  # one KV buffer for all sequences: a cell can belong to several (trees)
         if ctx_other is not None:
             p.ctx_other = ctx_other.ptr

@@ -300,7 +300,7 @@ class SpeculativeGenerator:
             ob.on_request(req.info)
         t0 = time.perf_counter()
         # llama-speculative-simple's shapes (a drafter that asks for them, no tree): prefill
-        # prompt[:-1], then the first verification is [prompt[-1], drafts..] (DESIGN invariant 12)
+        # prompt[:-1], then the first verification is [prompt[-1], drafts..] (docs/design.md invariant 12)
         native = (bool(getattr(drafter, "native_prompt_split", False)) and len(req.prompt) > 1)
         logits = self._prefill(req.prompt, head_only=native)
         t1 = time.perf_counter()

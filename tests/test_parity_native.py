@@ -5,7 +5,7 @@ target and the draft model decode prompt[:-1] in one batch, the first verificati
 [prompt[-1], drafts..], every verification batch is also decoded by the draft context
 (common_speculative_process), and the draft model drafts from single-token steps it then drops.
 So greedy draft-simple output equals the native tool's token for token, repacked weights
-included (DESIGN.md invariant 12). Plain generation vs llama-completion: tests/test_parity_completion.py.
+included (docs/design.md invariant 12). Plain generation vs llama-completion: tests/test_parity_completion.py.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 The drafter keeps its own context in sync with the committed tokens lazily: before drafting it
 finds where its KV cells stop matching the history, drops the rest and decodes what is
 missing (usually one or two tokens). Each draft token is *sampled* from the mirrored sampler,
-so q is known (DESIGN.md invariant 8).
+so q is known (docs/design.md invariant 8).
 """
 
 from __future__ import annotations
