@@ -163,3 +163,28 @@ def test_plot_without_matplotlib_fails_before_generating(capsys, monkeypatch):
     code, out, err = _main(capsys, [*_GEN, "--spec-type", "ngram-simple", "--spec-topk-stats",
                                     "--spec-topk-stats-plot", "x.png"])
     assert code == 2 and "pip install matplotlib" in err and out == "" and "loading" not in err
+
+
+def test_reverse_prompt_of_one_character_never_reaches_stdout(smollm_path, capsys):
+    # the token completing a stop string is emitted before the cut: stdout must hold it back
+    code, full, _ = _main(capsys, [*_GEN, "-n", "24", "--temp", "0"])
+    ch = next(c for c in full[4:] if not c.isspace())
+    code, cut, err = _main(capsys, [*_GEN, "-n", "24", "--temp", "0", "-r", ch])
+    assert code == 0 and "stop=stop" in err
+    assert ch not in cut and cut.rstrip("\n") == full[: full.index(ch)]
+
+
+def test_spec_verify_selects_the_rule(smollm_path, capsys, tmp_path):
+    stats = {}
+    for rule in ("block", "token", "exact-match"):
+        f = tmp_path / f"{rule}.json"
+        code, out, err = _main(capsys, [*_GEN, "-md", "smollm2-135m", "-n", "24", "--temp", "0.8", "-s", "3",
+                                        "--spec-verify", rule, "--stats-json", str(f)])
+        assert code == 0 and f"rule={rule}" in err and "tokens_per_verification=" in err
+        stats[rule] = json.loads(f.read_text())
+        assert stats[rule]["rule"] == rule and stats[rule]["drafted"] > 0
+    # the exact-match rule keeps a draft only when the target's own sample equals it
+    assert stats["exact-match"]["extra_accepted"] == 0
+    code, _, err = _main(capsys, [*_GEN, "-md", "smollm2-135m", "-n", "8", "--spec-verify", "block",
+                                  "--no-spec-draft-sample"])
+    assert code == 0 and "rule=exact-match" in err

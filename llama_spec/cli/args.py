@@ -113,6 +113,9 @@ def add_spec_args(ap: argparse.ArgumentParser) -> None:
                     help="rejection rule: sample drafts, verify by rejection sampling (default; env LLAMA_ARG_SPEC_DRAFT_SAMPLE)")
     ap.add_argument("--no-spec-draft-sample", dest="spec_draft_sample", action="store_false",
                     help="exact-match rule (the old behaviour)")
+    ap.add_argument("--spec-verify", choices=("token", "block", "exact-match"), default="token",
+                    help="verification rule when drafts come with q: token (rejection sampling, default), "
+                    "block (the drafts verified jointly) or exact-match; --no-spec-draft-sample forces exact-match")
     ap.add_argument("--spec-draft-device", default=None, help="device name for the draft model (see `llama-spec devices`)")
     ap.add_argument("--spec-topk-stats", action="store_true", default=None, help="per-position top-k draft statistics (env LLAMA_MTP_TOPK_STATS)")
     ap.add_argument("--spec-topk-stats-every", type=int, default=None, help="report every N verifications (env LLAMA_MTP_TOPK_STATS_EVERY, default 128)")

@@ -31,19 +31,22 @@ def run(ns: argparse.Namespace) -> int:
     gen, topk = build_generator(ns)
     prompt = ns.prompt if ns.prompt is not None else Path(ns.file).read_text()
     out: list[Any] = []
-    # -r: hold back the last len(stop) - 1 characters, which could be the start of a stop string
-    hold = max(map(len, ns.reverse_prompt), default=1) - 1
+    # -r: never write past the first stop string (a token's piece may hold it anywhere), and hold
+    # back the last len(stop) - 1 characters, which may be the start of one
+    stops = [s for s in ns.reverse_prompt if s]
+    hold = max(map(len, stops), default=1) - 1
     text, written = "", 0
     try:
         for ev in gen.stream(prompt, sampling=sampling_params(ns), n_predict=ns.n_predict, seed=ns.seed,
-                             spec_draft_sample=ns.spec_draft_sample, n_max=gen.n_max, stop=ns.reverse_prompt,
+                             spec_draft_sample=ns.spec_draft_sample, verify=ns.spec_verify, n_max=gen.n_max, stop=ns.reverse_prompt,
                              p_min=ns.spec_draft_p_min, ignore_eos=ns.ignore_eos, result=out):
             if ev.text:
                 text += ev.text
-                if len(text) - hold > written:
-                    sys.stdout.write(text[written : len(text) - hold])
+                end = min([len(text) - hold, *(i for i in (text.find(st) for st in stops) if i >= 0)])
+                if end > written:
+                    sys.stdout.write(text[written:end])
                     sys.stdout.flush()
-                    written = len(text) - hold
+                    written = end
     except KeyboardInterrupt:  # Ctrl-C: the text so far (whole characters), then exit 130
         sys.stdout.write(text[written:] + "\n")
         sys.stdout.flush()
@@ -51,13 +54,15 @@ def run(ns: argparse.Namespace) -> int:
     res = out[0]
     sys.stdout.write(res.text[written:] + "\n")
     st = res.stats
-    rule = "none" if gen.drafter is None else ("rejection" if res.spec_draft_sample else "exact-match")
+    rule = "none" if gen.drafter is None else res.verify
     print(f"\nllama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens, generated={st.emitted} tokens, "
           f"decode {st.decode_tps:.2f} t/s, prefill {st.t_prompt_s:.2f} s", file=sys.stderr)
     if gen.drafter is not None:
         print(f"llama-spec: rule={rule} {gen.drafter.name}: verifications={st.verifications} drafted={st.drafted} "
               f"accepted={st.accepted} ({100 * st.acceptance_rate:.1f} %) recovered={st.recovered} bonus={st.bonus} "
-              f"mean_accepted_length={st.mean_accepted_length:.2f} extra_accepted={st.extra_accepted}", file=sys.stderr)
+              f"mean_accepted_length={st.mean_accepted_length:.2f} (kept drafts per verification) "
+              f"tokens_per_verification={st.tokens_per_verification:.2f} (incl. recovered/bonus) "
+              f"extra_accepted={st.extra_accepted}", file=sys.stderr)
     if ns.stats_json:
         Path(ns.stats_json).write_text(json.dumps({"rule": rule, "stop_reason": res.stop_reason,
                                                    "tokens": res.tokens, **st.as_dict()}, indent=2))
