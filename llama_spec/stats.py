@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .drafters.base import TOPK_WIDTH
+from .env import env_flag
 from .observers import Observer
 
 if TYPE_CHECKING:
@@ -49,13 +50,7 @@ DEFAULT_EVERY = 128
 def topk_settings(flag: bool | None = None, every: int | None = None) -> tuple[bool, int]:
     """Resolve (enabled, every) from explicit values, then the environment, then defaults."""
     if flag is None:
-        raw = os.environ.get(ENV_ON, "").strip()
-        if raw in ("", "0"):
-            flag = False
-        elif raw == "1":
-            flag = True
-        else:
-            raise ValueError(f"environment variable {ENV_ON}={raw!r}: expected 0 or 1")
+        flag = env_flag(ENV_ON, False)
     if every is None:
         raw = os.environ.get(ENV_EVERY)
         if raw is None or raw.strip() == "":

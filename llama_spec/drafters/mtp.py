@@ -107,9 +107,10 @@ class MtpDrafter(Drafter):
         for i in range(n_max):
             row = self.ctx.decode([tok], [pos + i], 0, "last", embd=self._step_h)[0]
             h_row = self.ctx.nextn_rows(1)
-            tok = build.add(row)
-            if tok is None:
+            nxt = build.add(row)
+            if nxt is None:
                 break
+            tok = nxt
             self._step_h[0] = h_row[0]
         return build.finish()
 

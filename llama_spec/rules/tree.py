@@ -60,7 +60,7 @@ class TreeRule(Rule):
                 v.emit(sampled, False)
                 return depth
             toks = [prop.tokens[i] for i in kids]
-            if exact or p_falls_back(probs):
+            if exact or (probs is not None and p_falls_back(probs)):
                 v.n_fallback += 0 if exact else 1
                 tok = sampled
                 idx = toks.index(tok) if tok in toks else -1

@@ -39,13 +39,13 @@ class FirstTwoLaws:
 
     def observe(self, log: PQLog, tokens: list[int]) -> None:
         """Collect p0 and (p1, q1) from the p/q log of one request that emitted `tokens`."""
-        log = log.entries
-        first = [e for e in log if e[0] == 0]
+        entries = log.entries
+        first = [e for e in entries if e[0] == 0]
         if first and not self.p0:
             _, ids, probs, _, _ = first[0]
             self.p0 = dict(zip(ids.tolist(), probs.tolist(), strict=True))
         t0 = int(tokens[0])
-        for idx, ids, probs, q_ids, q_probs in log:
+        for idx, ids, probs, q_ids, q_probs in entries:
             if idx == 1 and q_ids is not None and t0 not in self.cond:
                 self.add(t0, ids, probs, q_ids, q_probs)
 

@@ -28,6 +28,8 @@ end (ids 49152 and 49153) so that they always tokenize as single tokens (n_vocab
 
 from __future__ import annotations
 
+from typing import Any
+
 import contextlib
 import functools
 import os
@@ -160,7 +162,7 @@ WEIGHT_STD = 1e-3  # every block matrix
 N_TRUNK = 2
 
 
-def _tokenizer_fields(src: Path) -> tuple[tuple[str, object, list], ...]:
+def _tokenizer_fields(src: Path) -> tuple[tuple[str, Any, list], ...]:
     """``(key, value, types)`` of every ``tokenizer.*`` key of a GGUF file, in file order."""
     st = Path(src).stat()
     return _read_tokenizer_fields(str(src), st.st_size, st.st_mtime_ns)
@@ -180,7 +182,7 @@ def _read_tokenizer_fields(src: str, size: int, mtime_ns: int) -> tuple[tuple[st
     return tuple(out)
 
 
-def _add_tokenizer(writer, src: Path, chat_template: str | None) -> tuple[int, dict[str, int]]:
+def _add_tokenizer(writer: Any, src: Path, chat_template: str | None) -> tuple[int, dict[str, int]]:
     from gguf import GGUFValueType
 
     fields = _tokenizer_fields(src)
