@@ -1,6 +1,6 @@
 """The speculative loop: draft -> one verification batch -> rule -> emit -> roll back.
 
-Per verification (DESIGN.md words; the rules are in llama_spec.rules):
+Per verification (docs/design.md words; the rules are in llama_spec.rules):
 
 1. the drafter proposes k <= n_max tokens, with q per token when it sampled them (a *proposal*);
 2. the target decodes [last emitted token, d_1 .. d_k] in one batch (k + 1 logits rows);
@@ -33,8 +33,10 @@ from .errors import GeneratorBusyError
 from .model import Model
 from .observers import Observer, RequestInfo
 from .rules import RULE_NAMES, Rule, Verification, VerifyName, choose, make_rules
+from .rules.tree import TreeRule
 from .sampling import ReasoningBudget, SamplerParams, TargetSampler
 from .stats import N_MAX_LIMIT, SpecStats
+from .tree_verify import TreeProposal, check_tree, commit_tree, decode_tree, propose_tree, tree_n_seqs
 
 __all__ = ["ENV_DRAFT_SAMPLE", "N_MAX_LIMIT", "GenerationResult", "GenerationStream", "SpecStats",
            "SpeculativeGenerator", "TokenEvent", "VerifyName", "generate"]
@@ -103,6 +105,7 @@ class _Request:
     stats: SpecStats
     v: Verification
     info: RequestInfo
+    tree: tuple[int, ...] | None = None   # a tree shape: tree proposals, the tree rule
 
 
 class _Emitter:
@@ -164,7 +167,8 @@ class SpeculativeGenerator:
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_threads: int | None = None, n_max: int = 3,
-                 observers: Iterable[Observer] = (), context_options: Mapping[str, Any] | None = None) -> None:
+                 observers: Iterable[Observer] = (), context_options: Mapping[str, Any] | None = None,
+                 tree: str | Sequence[int] | None = None) -> None:
         # context_options: more Context keywords for the target (n_ubatch, flash_attn, type_k, type_v)
         self.model = target
         self.drafter = drafter
@@ -178,12 +182,16 @@ class SpeculativeGenerator:
         # per draft position (each can be large on big hybrid models), so size them by n_max.
         self.recurrent = bool(target.is_recurrent or target.is_hybrid)
         n_rs = self.n_max if self.recurrent else 0
-        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs,
+        # tree: the default shape of every request; checked (ValueError) before any context exists
+        self.tree = None if tree is None else check_tree(tree, target, drafter)
+        seqs = {"n_seq_max": tree_n_seqs(self.tree), "kv_unified": True} if self.tree else {}
+        self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs, **seqs,
                            **dict(context_options or {}))
         if drafter is not None:
             drafter.prepare_target(self.ctx)
         self.scratch = _accept.new_scratch(target.n_vocab)
-        self.rules: dict[str, Rule] = make_rules()   # built-in rules by name (they keep scratch)
+        self.rules: dict[str, Rule] = make_rules()
+        self._tree_rule = TreeRule()   # built-in rules by name (they keep scratch)
         self.observers: list[Observer] = list(observers)
         self._cached_prompt: np.ndarray | None = None
         self.total = SpecStats()
@@ -220,6 +228,7 @@ class SpeculativeGenerator:
         ignore_eos: bool = False,
         observers: Iterable[Observer] = (),
         result: list | None = None,
+        tree: str | Sequence[int] | None = None,
     ) -> GenerationStream:
         """Validate the request now; return a stream of TokenEvent (``.result`` after iteration).
 
@@ -232,6 +241,7 @@ class SpeculativeGenerator:
             req = self._request(prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min, stop,
                                 reasoning_budget, ignore_eos, observers)
             out = GenerationStream()
+            req.tree = self._request_tree(tree)
         except BaseException:
             self._release(token)
             raise
@@ -301,7 +311,7 @@ class SpeculativeGenerator:
         t0 = time.perf_counter()
         # llama-speculative-simple's shapes (a drafter that asks for them, no tree): prefill
         # prompt[:-1], then the first verification is [prompt[-1], drafts..] (docs/design.md invariant 12)
-        native = (bool(getattr(drafter, "native_prompt_split", False)) and len(req.prompt) > 1)
+        native = (bool(getattr(drafter, "native_prompt_split", False)) and not req.tree and len(req.prompt) > 1)
         logits = self._prefill(req.prompt, head_only=native)
         t1 = time.perf_counter()
         req.stats.t_prompt_s = t1 - t0
@@ -314,12 +324,16 @@ class SpeculativeGenerator:
             batch = np.asarray([req.prompt[-1], *prop.tokens], dtype=np.int32)
             logits, first = self._decode_observed(batch, pos0, "all"), False
         while True:
-            rule = choose(req.rule, exact, prop, req.sampler, req.switch)
+            rule = self._tree_rule if isinstance(prop, TreeProposal) else choose(req.rule, exact, prop, req.sampler,
+                                                                                   req.switch)
             v.begin(pos0, batch, logits, prop, rule.name, len(em.tokens), first)
             n_acc = rule.verify(v)
             if not first:
                 # Rejected drafts leave no trace: keep [.., last emitted before, kept drafts].
-                self.ctx.rollback(0, pos0 + n_acc + 1)
+                if isinstance(prop, TreeProposal):
+                    commit_tree(self.ctx, prop, pos0)  # seq 0 = the accepted path, no other sequence
+                else:
+                    self.ctx.rollback(0, pos0 + n_acc + 1)
                 if drafter is not None:
                     drafter.accepted(n_acc)
             for ob in req.observers:
@@ -333,9 +347,14 @@ class SpeculativeGenerator:
             if room < 0:
                 em.stop_reason = "context_full"
                 break
-            prop = self._propose(em.history, min(req.n_max, room, req.n_predict - len(em.tokens) - 1), req.p_min)
-            batch = np.asarray([em.history[-1], *prop.tokens], dtype=np.int32)
-            logits = self._decode_observed(batch, pos0, "all")
+            left = req.n_predict - len(em.tokens) - 1
+            if req.tree:  # a tree proposal, verified in one multi-sequence batch (tree_verify.py)
+                prop = propose_tree(self.drafter, em.history, req.tree, min(room, left), room, req.p_min)  # type: ignore[arg-type]
+                batch, logits = decode_tree(self.ctx, prop, em.history[-1], pos0)
+            else:
+                prop = self._propose(em.history, min(req.n_max, room, left), req.p_min)
+                batch = np.asarray([em.history[-1], *prop.tokens], dtype=np.int32)
+                logits = self._decode_observed(batch, pos0, "all")
         req.stats.t_decode_s = time.perf_counter() - t1
         res = self._finish(req, em)
         out.result = res
@@ -350,6 +369,16 @@ class SpeculativeGenerator:
         for ob in req.observers:
             ob.on_result(res)
         return res
+
+    def _request_tree(self, tree: str | Sequence[int] | None) -> tuple[int, ...] | None:
+        """A request's tree shape (None: the generator's); ValueError when its context cannot hold it."""
+        if tree is None:
+            return self.tree
+        shape = check_tree(tree, self.model, self.drafter)
+        if self.ctx.n_seq_max < tree_n_seqs(shape) or (self.tree is None and tree_n_seqs(shape) > 1):
+            raise ValueError(f"tree: {shape} needs {tree_n_seqs(shape)} sequences in the target context, this "
+                             f"generator has {self.ctx.n_seq_max}: build it with SpeculativeGenerator(..., tree=...)")
+        return shape
 
     def _propose(self, history: list[int], k_cap: int, p_min: float) -> Proposal:
         """The drafter's proposal for the next verification, cut to k_cap tokens."""
