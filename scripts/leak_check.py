@@ -67,6 +67,7 @@ def check(cycles: int, path: Path, warmup: int = 10, log=print) -> dict:
     for i in range(cycles):
         one_cycle(path, i % 2 == 1)
         if log and (i + 1) % 100 == 0:
+            gc.collect()  # cyclic garbage (generators, streams) would otherwise show as growth here
             log(f"cycle {i + 1}: RSS {(rss_bytes() - rss0) / 2**20:+.2f} MiB, fds {n_fds() - fd0:+d}")
     gc.collect()
     rss1, fd1 = rss_bytes(), n_fds()
