@@ -1,6 +1,6 @@
 """Acceptance kernel for speculative decoding: the rejection rule, numpy in, numpy out.
 
-Words (see DESIGN.md): p is the target's distribution at a position after its sampler chain,
+Words (see docs/design.md): p is the target's distribution at a position after its sampler chain,
 q the drafter's distribution over its support; a draft x is *accepted* with probability
 min(1, p(x)/q(x)); at the first rejection a *recovered* token is drawn from the *residual*
 norm((p - q)+); when all k drafts are accepted a *bonus* token is drawn from p. With this rule
@@ -76,6 +76,8 @@ import numba
 import numba.extending
 import numpy as np
 
+from .errors import UnnormalizedError  # a ValueError; errors.py imports nothing of cffi
+
 __all__ = [
     "AcceptResult",
     "UnnormalizedError",
@@ -94,15 +96,6 @@ _INT32_MAX = 2**31 - 1
 class AcceptResult(NamedTuple):
     token: int
     accepted: bool
-
-
-class UnnormalizedError(ValueError):
-    """p (or q) does not sum to 1 +- tol; the loop should use the exact-match rule instead."""
-
-    def __init__(self, which: str, total: float, tol: float):
-        super().__init__(f"{which} sums to {total!r}, not 1 +- {tol}")
-        self.which = which
-        self.total = total
 
 
 # Helpers used inside the kernels are register_jitable, not njit(cache=True): a cached

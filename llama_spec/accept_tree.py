@@ -1,6 +1,6 @@
 """Tree rule: recursive rejection sampling without replacement over a tree proposal.
 
-Words (DESIGN.md): a tree proposal has nodes (token, parent, q); siblings share a parent and were
+Words (docs/design.md): a tree proposal has nodes (token, parent, q); siblings share a parent and were
 drawn from the drafter's q at the parent *without replacement*, in increasing node index (that
 order is the draw order, and the rule tries siblings in it). A path runs from the root to a leaf.
 

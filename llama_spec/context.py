@@ -55,7 +55,7 @@ def _abort_error(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
     return True
 
 
-@ffi.callback("bool(void *)", onerror=_abort_error)
+@ffi.callback("bool(void *)", onerror=_abort_error)  # type: ignore[untyped-decorator]
 def _abort_check(_data: Any) -> bool:
     """ggml's abort callback (between graph nodes, in the calling thread): running Python code
     here lets a pending SIGINT handler run, so Ctrl-C stops a long decode within one node."""
@@ -362,7 +362,7 @@ class Context(NativeHandle):
         self.n_outputs = int(self._out[:n].sum())
         return self.logits()
 
-    def _process_seq_sets_sync(self, args: tuple) -> int:
+    def _process_seq_sets_sync(self, args: tuple[Any, ...]) -> int:
         rc = lib.lsp_process_seq_sets(*args)
         lib.llama_synchronize(self._ptr)
         return rc

@@ -37,6 +37,7 @@ from .rules.tree import TreeRule
 from .sampling import ReasoningBudget, SamplerParams, TargetSampler
 from .stats import N_MAX_LIMIT, SpecStats
 from .tree_verify import TreeProposal, check_tree, commit_tree, decode_tree, propose_tree, tree_n_seqs
+from .types import OutputsSpec
 
 __all__ = ["ENV_DRAFT_SAMPLE", "N_MAX_LIMIT", "GenerationResult", "GenerationStream", "SpecStats",
            "SpeculativeGenerator", "TokenEvent", "VerifyName", "generate"]
@@ -184,7 +185,7 @@ class SpeculativeGenerator:
         n_rs = self.n_max if self.recurrent else 0
         # tree: the default shape of every request; checked (ValueError) before any context exists
         self.tree = None if tree is None else check_tree(tree, target, drafter)
-        seqs = {"n_seq_max": tree_n_seqs(self.tree), "kv_unified": True} if self.tree else {}
+        seqs: dict[str, Any] = {"n_seq_max": tree_n_seqs(self.tree), "kv_unified": True} if self.tree else {}
         self.ctx = Context(target, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_rs_seq=n_rs, **seqs,
                            **dict(context_options or {}))
         if drafter is not None:
@@ -316,7 +317,8 @@ class SpeculativeGenerator:
         t1 = time.perf_counter()
         req.stats.t_prompt_s = t1 - t0
         # The first token after the prompt is the target's own sample: a verification without drafts.
-        pos0, prop, first = len(req.prompt) - 1, Proposal(), True
+        pos0, first = len(req.prompt) - 1, True
+        prop: Proposal | TreeProposal = Proposal()
         batch = np.asarray(req.prompt[-1:], dtype=np.int32)
         if native:
             k = min(req.n_max, self.ctx.n_ctx - 1 - pos0, req.n_predict - 1)
@@ -326,7 +328,9 @@ class SpeculativeGenerator:
         while True:
             rule = self._tree_rule if isinstance(prop, TreeProposal) else choose(req.rule, exact, prop, req.sampler,
                                                                                    req.switch)
-            v.begin(pos0, batch, logits, prop, rule.name, len(em.tokens), first)
+            assert logits is not None  # the prefill's row, or this verification's rows
+            # a TreeProposal only ever reaches the tree rule (chosen just above)
+            v.begin(pos0, batch, logits, prop, rule.name, len(em.tokens), first)  # type: ignore[arg-type]
             n_acc = rule.verify(v)
             if not first:
                 # Rejected drafts leave no trace: keep [.., last emitted before, kept drafts].
@@ -349,8 +353,10 @@ class SpeculativeGenerator:
                 break
             left = req.n_predict - len(em.tokens) - 1
             if req.tree:  # a tree proposal, verified in one multi-sequence batch (tree_verify.py)
-                prop = propose_tree(self.drafter, em.history, req.tree, min(room, left), room, req.p_min)  # type: ignore[arg-type]
-                batch, logits = decode_tree(self.ctx, prop, em.history[-1], pos0)
+                tprop = propose_tree(self.drafter, em.history, req.tree, min(room, left), room,  # type: ignore[arg-type]
+                                     req.p_min)
+                batch, logits = decode_tree(self.ctx, tprop, em.history[-1], pos0)
+                prop = tprop
             else:
                 prop = self._propose(em.history, min(req.n_max, room, left), req.p_min)
                 batch = np.asarray([em.history[-1], *prop.tokens], dtype=np.int32)
@@ -391,7 +397,7 @@ class SpeculativeGenerator:
                     del seq[k_cap:]
         return prop
 
-    def _decode_observed(self, tokens: np.ndarray, pos0: int, outputs: str) -> np.ndarray:
+    def _decode_observed(self, tokens: np.ndarray, pos0: int, outputs: OutputsSpec) -> np.ndarray:
         logits = self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, outputs)
         if self.drafter is not None:
             self.drafter.observe(tokens, pos0, self.ctx)

@@ -1,5 +1,5 @@
 """The loop's tree path: check a tree shape, draft a tree, verify it in ONE target batch, keep
-the accepted path (DESIGN.md invariant 7).
+the accepted path (docs/design.md invariant 7).
 
 Target memory, one sequence per path s of the tree (seq 0 = path 0 = the committed tokens):
 before the batch every path sequence gets the committed prefix (seq_cp 0 -> s, shared cells in a

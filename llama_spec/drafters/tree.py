@@ -1,4 +1,4 @@
-"""Tree proposals: several candidate continuations verified in one target batch (DESIGN.md words).
+"""Tree proposals: several candidate continuations verified in one target batch (docs/design.md words).
 
 A :class:`TreeProposal` has **nodes** (token, parent) in breadth-first order, siblings consecutive
 in draw order, and per *row* (row 0 = the root, the last emitted token; row i + 1 = node i) the q

@@ -1,7 +1,7 @@
 """The tree rule: recursive rejection sampling without replacement over a tree proposal.
 
 The loop decodes [root, node 0 .. node n - 1] in one target batch (row r = 0 the root, r = i + 1
-node i, DESIGN.md words) and calls ``TreeRule.verify``. The rule walks the tree one position at
+node i, docs/design.md words) and calls ``TreeRule.verify``. The rule walks the tree one position at
 a time, as the token rule walks a chain: p at row r is computed only when the walk reaches r,
 after the target sampler accepted the token emitted before it (invariant 5, stateful chains
 exact without clones). At each position with children it calls accept_tree.accept_node_kernel

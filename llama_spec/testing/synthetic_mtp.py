@@ -28,13 +28,12 @@ end (ids 49152 and 49153) so that they always tokenize as single tokens (n_vocab
 
 from __future__ import annotations
 
-from typing import Any
-
 import contextlib
 import functools
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -224,6 +223,121 @@ def _f32(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 
 
+def _add_hparams(w: Any, n_vocab: int, n_embd: int) -> None:
+    """The qwen35 hyperparameters of the synthetic model (2 trunk blocks + 1 MTP block)."""
+    from gguf import GGUFValueType
+
+    head_dim = n_embd // N_HEAD
+    ssm_d_inner = SSM_D_STATE * SSM_DT_RANK
+    a = f"{ARCH}."
+    w.add_uint32(a + "vocab_size", n_vocab)
+    w.add_uint32(a + "context_length", N_CTX_TRAIN)
+    w.add_uint32(a + "embedding_length", n_embd)
+    w.add_uint32(a + "block_count", N_TRUNK + 1)
+    w.add_uint32(a + "nextn_predict_layers", 1)
+    w.add_uint32(a + "feed_forward_length", N_FF)
+    w.add_uint32(a + "attention.head_count", N_HEAD)
+    w.add_uint32(a + "attention.head_count_kv", N_HEAD_KV)
+    w.add_uint32(a + "attention.key_length", head_dim)
+    w.add_uint32(a + "attention.value_length", head_dim)
+    w.add_float32(a + "attention.layer_norm_rms_epsilon", RMS_EPS)
+    w.add_key_value(
+        a + "attention.recurrent_layers",
+        [True, False, False],
+        GGUFValueType.ARRAY,
+        sub_type=GGUFValueType.BOOL,
+    )
+    w.add_uint32(a + "full_attention_interval", 2)
+    w.add_uint32(a + "rope.dimension_count", ROPE_DIM)
+    w.add_key_value(
+        a + "rope.dimension_sections",
+        list(ROPE_SECTIONS),
+        GGUFValueType.ARRAY,
+        sub_type=GGUFValueType.INT32,
+    )
+    w.add_float32(a + "rope.freq_base", 10_000_000.0)
+    w.add_uint32(a + "ssm.conv_kernel", SSM_D_CONV)
+    w.add_uint32(a + "ssm.inner_size", ssm_d_inner)
+    w.add_uint32(a + "ssm.state_size", SSM_D_STATE)
+    w.add_uint32(a + "ssm.time_step_rank", SSM_DT_RANK)
+    w.add_uint32(a + "ssm.group_count", SSM_N_GROUP)
+
+
+
+def _tensors(seed: int, sigma: float, n_vocab: int, n_embd: int, logit_std: float) -> list[tuple[str, np.ndarray]]:
+    """Every tensor of the synthetic model, in file order (same arguments -> same arrays)."""
+    head_dim = n_embd // N_HEAD
+    ssm_d_inner = SSM_D_STATE * SSM_DT_RANK
+    key_dim = SSM_D_STATE * SSM_N_GROUP
+    value_dim = ssm_d_inner
+    conv_dim = 2 * key_dim + value_dim
+    rng = np.random.default_rng([seed, 0])  # everything but the eh_proj noise
+    noise_rng = np.random.default_rng([seed, 1])
+
+    def mat(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) == ggml ne {cols, rows}
+        return _f16(rng.standard_normal((rows, cols), dtype=np.float32) * WEIGHT_STD)
+
+    def ones(n: int) -> np.ndarray:
+        return np.ones(n, dtype=np.float32)
+
+    tensors: list[tuple[str, np.ndarray]] = []
+    add = tensors.append
+
+    add(("token_embd.weight", _f16(rng.standard_normal((n_vocab, n_embd), dtype=np.float32))))
+    add(("output_norm.weight", ones(n_embd)))
+    out_scale = logit_std / np.sqrt(n_embd)
+    add(("output.weight", _f16(rng.standard_normal((n_vocab, n_embd), dtype=np.float32) * out_scale)))
+
+    def attn_block(il: int) -> None:
+        p = f"blk.{il}."
+        add((p + "attn_norm.weight", ones(n_embd)))
+        add((p + "post_attention_norm.weight", ones(n_embd)))
+        add((p + "attn_q.weight", mat(head_dim * N_HEAD * 2, n_embd)))  # query + gate
+        add((p + "attn_k.weight", mat(head_dim * N_HEAD_KV, n_embd)))
+        add((p + "attn_v.weight", mat(head_dim * N_HEAD_KV, n_embd)))
+        add((p + "attn_output.weight", mat(n_embd, head_dim * N_HEAD)))
+        add((p + "attn_q_norm.weight", ones(head_dim)))
+        add((p + "attn_k_norm.weight", ones(head_dim)))
+
+    def ffn(il: int) -> None:
+        p = f"blk.{il}."
+        add((p + "ffn_gate.weight", mat(N_FF, n_embd)))
+        add((p + "ffn_up.weight", mat(N_FF, n_embd)))
+        add((p + "ffn_down.weight", mat(n_embd, N_FF)))
+
+    # block 0: Gated DeltaNet
+    p = "blk.0."
+    add((p + "attn_norm.weight", ones(n_embd)))
+    add((p + "post_attention_norm.weight", ones(n_embd)))
+    add((p + "attn_qkv.weight", mat(conv_dim, n_embd)))
+    add((p + "attn_gate.weight", mat(value_dim, n_embd)))
+    add((p + "ssm_conv1d.weight", _f32(rng.standard_normal((conv_dim, SSM_D_CONV)) * WEIGHT_STD)))
+    add((p + "ssm_dt.bias", np.zeros(SSM_DT_RANK, dtype=np.float32)))
+    add((p + "ssm_a", _f32(-rng.uniform(1.0, 16.0, SSM_DT_RANK))))  # -exp(A_log) < 0
+    add((p + "ssm_beta.weight", mat(SSM_DT_RANK, n_embd)))
+    add((p + "ssm_alpha.weight", mat(SSM_DT_RANK, n_embd)))
+    add((p + "ssm_norm.weight", ones(SSM_D_STATE)))
+    add((p + "ssm_out.weight", mat(n_embd, value_dim)))
+    ffn(0)
+    # block 1: full attention
+    attn_block(1)
+    ffn(1)
+    # block 2: the MTP block
+    attn_block(2)
+    ffn(2)
+    eh = np.zeros((n_embd, 2 * n_embd), dtype=np.float32)
+    eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # [I | 0]: embedding half first
+    noise = noise_rng.standard_normal(eh.shape, dtype=np.float32)
+    if sigma > 0:
+        eh += noise * np.float32(sigma)
+    add(("blk.2.nextn.eh_proj.weight", _f16(eh)))
+    add(("blk.2.nextn.enorm.weight", ones(n_embd)))
+    add(("blk.2.nextn.hnorm.weight", ones(n_embd)))
+    add(("blk.2.nextn.shared_head_norm.weight", ones(n_embd)))
+
+    return tensors
+
+
 def write_synthetic_mtp(
     path: os.PathLike | str,
     *,
@@ -241,7 +355,7 @@ def write_synthetic_mtp(
     thinking template. ``tokenizer_from`` is a GGUF whose ``tokenizer.*`` keys are copied
     (default: the SmolLM2 test model, fetched if needed).
     """
-    from gguf import GGUFValueType, GGUFWriter
+    from gguf import GGUFWriter
 
     if n_embd % (N_HEAD * 2) or n_embd < 2 * ROPE_DIM:
         raise ValueError(f"n_embd must be a multiple of {N_HEAD * 2} and >= {2 * ROPE_DIM}")
@@ -253,12 +367,6 @@ def write_synthetic_mtp(
         tokenizer_from = model_path("smollm2-135m")
     path = Path(path)
     tok_src = Path(tokenizer_from)
-
-    head_dim = n_embd // N_HEAD
-    ssm_d_inner = SSM_D_STATE * SSM_DT_RANK
-    key_dim = SSM_D_STATE * SSM_N_GROUP
-    value_dim = ssm_d_inner
-    conv_dim = 2 * key_dim + value_dim
 
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp_name = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
@@ -275,102 +383,8 @@ def write_synthetic_mtp(
 
         n_vocab, _ = _add_tokenizer(w, tok_src, chat_template)
 
-        a = f"{ARCH}."
-        w.add_uint32(a + "vocab_size", n_vocab)
-        w.add_uint32(a + "context_length", N_CTX_TRAIN)
-        w.add_uint32(a + "embedding_length", n_embd)
-        w.add_uint32(a + "block_count", N_TRUNK + 1)
-        w.add_uint32(a + "nextn_predict_layers", 1)
-        w.add_uint32(a + "feed_forward_length", N_FF)
-        w.add_uint32(a + "attention.head_count", N_HEAD)
-        w.add_uint32(a + "attention.head_count_kv", N_HEAD_KV)
-        w.add_uint32(a + "attention.key_length", head_dim)
-        w.add_uint32(a + "attention.value_length", head_dim)
-        w.add_float32(a + "attention.layer_norm_rms_epsilon", RMS_EPS)
-        w.add_key_value(
-            a + "attention.recurrent_layers",
-            [True, False, False],
-            GGUFValueType.ARRAY,
-            sub_type=GGUFValueType.BOOL,
-        )
-        w.add_uint32(a + "full_attention_interval", 2)
-        w.add_uint32(a + "rope.dimension_count", ROPE_DIM)
-        w.add_key_value(
-            a + "rope.dimension_sections",
-            list(ROPE_SECTIONS),
-            GGUFValueType.ARRAY,
-            sub_type=GGUFValueType.INT32,
-        )
-        w.add_float32(a + "rope.freq_base", 10_000_000.0)
-        w.add_uint32(a + "ssm.conv_kernel", SSM_D_CONV)
-        w.add_uint32(a + "ssm.inner_size", ssm_d_inner)
-        w.add_uint32(a + "ssm.state_size", SSM_D_STATE)
-        w.add_uint32(a + "ssm.time_step_rank", SSM_DT_RANK)
-        w.add_uint32(a + "ssm.group_count", SSM_N_GROUP)
-
-        rng = np.random.default_rng([seed, 0])  # everything but the eh_proj noise
-        noise_rng = np.random.default_rng([seed, 1])
-
-        def mat(rows: int, cols: int) -> np.ndarray:  # numpy (rows, cols) == ggml ne {cols, rows}
-            return _f16(rng.standard_normal((rows, cols), dtype=np.float32) * WEIGHT_STD)
-
-        def ones(n: int) -> np.ndarray:
-            return np.ones(n, dtype=np.float32)
-
-        tensors: list[tuple[str, np.ndarray]] = []
-        add = tensors.append
-
-        add(("token_embd.weight", _f16(rng.standard_normal((n_vocab, n_embd), dtype=np.float32))))
-        add(("output_norm.weight", ones(n_embd)))
-        out_scale = logit_std / np.sqrt(n_embd)
-        add(("output.weight", _f16(rng.standard_normal((n_vocab, n_embd), dtype=np.float32) * out_scale)))
-
-        def attn_block(il: int) -> None:
-            p = f"blk.{il}."
-            add((p + "attn_norm.weight", ones(n_embd)))
-            add((p + "post_attention_norm.weight", ones(n_embd)))
-            add((p + "attn_q.weight", mat(head_dim * N_HEAD * 2, n_embd)))  # query + gate
-            add((p + "attn_k.weight", mat(head_dim * N_HEAD_KV, n_embd)))
-            add((p + "attn_v.weight", mat(head_dim * N_HEAD_KV, n_embd)))
-            add((p + "attn_output.weight", mat(n_embd, head_dim * N_HEAD)))
-            add((p + "attn_q_norm.weight", ones(head_dim)))
-            add((p + "attn_k_norm.weight", ones(head_dim)))
-
-        def ffn(il: int) -> None:
-            p = f"blk.{il}."
-            add((p + "ffn_gate.weight", mat(N_FF, n_embd)))
-            add((p + "ffn_up.weight", mat(N_FF, n_embd)))
-            add((p + "ffn_down.weight", mat(n_embd, N_FF)))
-
-        # block 0: Gated DeltaNet
-        p = "blk.0."
-        add((p + "attn_norm.weight", ones(n_embd)))
-        add((p + "post_attention_norm.weight", ones(n_embd)))
-        add((p + "attn_qkv.weight", mat(conv_dim, n_embd)))
-        add((p + "attn_gate.weight", mat(value_dim, n_embd)))
-        add((p + "ssm_conv1d.weight", _f32(rng.standard_normal((conv_dim, SSM_D_CONV)) * WEIGHT_STD)))
-        add((p + "ssm_dt.bias", np.zeros(SSM_DT_RANK, dtype=np.float32)))
-        add((p + "ssm_a", _f32(-rng.uniform(1.0, 16.0, SSM_DT_RANK))))  # -exp(A_log) < 0
-        add((p + "ssm_beta.weight", mat(SSM_DT_RANK, n_embd)))
-        add((p + "ssm_alpha.weight", mat(SSM_DT_RANK, n_embd)))
-        add((p + "ssm_norm.weight", ones(SSM_D_STATE)))
-        add((p + "ssm_out.weight", mat(n_embd, value_dim)))
-        ffn(0)
-        # block 1: full attention
-        attn_block(1)
-        ffn(1)
-        # block 2: the MTP block
-        attn_block(2)
-        ffn(2)
-        eh = np.zeros((n_embd, 2 * n_embd), dtype=np.float32)
-        eh[:, :n_embd] = np.eye(n_embd, dtype=np.float32)  # [I | 0]: embedding half first
-        noise = noise_rng.standard_normal(eh.shape, dtype=np.float32)
-        if sigma > 0:
-            eh += noise * np.float32(sigma)
-        add(("blk.2.nextn.eh_proj.weight", _f16(eh)))
-        add(("blk.2.nextn.enorm.weight", ones(n_embd)))
-        add(("blk.2.nextn.hnorm.weight", ones(n_embd)))
-        add(("blk.2.nextn.shared_head_norm.weight", ones(n_embd)))
+        _add_hparams(w, n_vocab, n_embd)
+        tensors = _tensors(seed, sigma, n_vocab, n_embd, logit_std)
 
         for name, t in tensors:
             w.add_tensor(name, t)
