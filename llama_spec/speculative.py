@@ -310,9 +310,11 @@ class SpeculativeGenerator:
         for ob in req.observers:
             ob.on_request(req.info)
         t0 = time.perf_counter()
-        # llama-speculative-simple's shapes (a drafter that asks for them, no tree): prefill
-        # prompt[:-1], then the first verification is [prompt[-1], drafts..] (docs/design.md invariant 12)
-        native = (bool(getattr(drafter, "native_prompt_split", False)) and not req.tree and len(req.prompt) > 1)
+        # llama-speculative-simple's shapes (a drafter that asks for them, no tree, repacked weights as
+        # llama.cpp's default): prefill prompt[:-1], then the first verification is [prompt[-1], drafts..]
+        # (invariant 12). Without repacking plain generation's prefill is kept: greedy == plain, bitwise (2).
+        native = (bool(getattr(drafter, "native_prompt_split", False)) and self.model.repack and not req.tree
+                  and len(req.prompt) > 1)
         logits = self._prefill(req.prompt, head_only=native)
         t1 = time.perf_counter()
         req.stats.t_prompt_s = t1 - t0
