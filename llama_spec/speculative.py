@@ -313,8 +313,9 @@ class SpeculativeGenerator:
         # llama-speculative-simple's shapes (a drafter that asks for them, no tree, repacked weights as
         # llama.cpp's default): prefill prompt[:-1], then the first verification is [prompt[-1], drafts..]
         # (invariant 12). Without repacking plain generation's prefill is kept: greedy == plain, bitwise (2).
+        # Greedy only for now: a seeded temp>0 run diverged at its first token in this mode (issue 15 report).
         native = (bool(getattr(drafter, "native_prompt_split", False)) and self.model.repack and not req.tree
-                  and len(req.prompt) > 1)
+                  and len(req.prompt) > 1 and req.sampler.params.greedy)
         logits = self._prefill(req.prompt, head_only=native)
         t1 = time.perf_counter()
         req.stats.t_prompt_s = t1 - t0
