@@ -171,7 +171,10 @@ def test_gpu_check_dry_run(tmp_path):
     for step in ("build", "pytest", "split", "bench-native-pair", "bench-native-mtp", "profile-pair"):
         assert st[step] == "skipped"
     log = (out / "gpu_check.log").read_text()
-    assert "-DGGML_CUDA=ON" in log and "-DCMAKE_CUDA_ARCHITECTURES=90" in log
+    # the dry run prints build_llama's CUDA findings: the cmake line, or (no nvidia-cublas wheel in
+    # this Python, as in CI) the clear message naming what to install
+    assert ("-DGGML_CUDA=ON" in log and "-DCMAKE_CUDA_ARCHITECTURES=90" in log) or \
+        ("cuBLAS for CUDA 13 not found" in log and "pip install 'nvidia-cublas" in log)
     assert "mtp accept" in log
 
 
