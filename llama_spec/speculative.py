@@ -411,16 +411,18 @@ class SpeculativeGenerator:
         n_batch with the last token's logits; returns those logits, (1, n_vocab). head_only: as
         llama-speculative-simple, prompt[:-1] only (returns None; the caller decodes the last token).
 
-        Prompt cache: when the prompt equals the last one up to its last token, only that token is
-        re-decoded on its own. Then (with repacked weights) its logits may differ from
-        llama-completion's in the last bits, since batched and single-token kernels round differently.
+        Prompt cache: a prompt longer than n_batch that equals the last one up to its last token
+        re-decodes only that token, on its own; its logits may then differ from a fresh prefill's in
+        the last bits (batched and single-token kernels round differently, flash attention too, even
+        without repacking). A prompt that fits one batch is always prefilled afresh, so a repeated
+        short prompt gives exactly the tokens of its first run (invariant 2's test repeats prompts).
         """
         toks = np.asarray(prompt, dtype=np.int32)
         n_head = len(toks) - 1
         drafter = self.drafter
         # Recurrent state can only be rolled back n_rs_seq positions: beyond that, prefill again.
-        if (self._cached_prompt is not None and np.array_equal(self._cached_prompt, toks[:-1])
-                and self.ctx.seq_rm(0, n_head, -1)):
+        if (len(toks) > self.ctx.n_batch and self._cached_prompt is not None
+                and np.array_equal(self._cached_prompt, toks[:-1]) and self.ctx.seq_rm(0, n_head, -1)):
             if drafter is not None:
                 drafter.restore_prompt(n_head)
             return None if head_only else self._decode_observed(toks[-1:], n_head, "last")
