@@ -255,6 +255,7 @@ class SpeculativeGenerator:
         """Own the generator for a new request: GeneratorBusyError while another thread's request
         runs; a newer request of the same thread supersedes its older stream."""
         me, token = threading.get_ident(), object()
+        self.ctx._check_usable()  # a lost RPC server: its error, not "busy" (the lost call's thread never returns)
         with self._owner_lock:
             if self._owner is not None and self._owner[0] != me:
                 raise GeneratorBusyError(

@@ -35,9 +35,9 @@ def test_generate_speculative_mtp_reports_acceptance(mtp_path, tmp_path):
     r = _run(["generate", "-m", str(mtp_path), "--spec-type", "draft-mtp", "-p", "Hello world", "-n", "32",
               "--temp", "0.8", "--seed", "3", "-c", "512", "--ignore-eos", "--stats-json", str(stats)])
     assert r.returncode == 0, r.stderr[-2000:]
-    assert "rule=rejection draft-mtp" in r.stderr and "accepted=" in r.stderr
+    assert "rule=token draft-mtp" in r.stderr and "accepted=" in r.stderr
     d = json.loads(stats.read_text())
-    assert d["rule"] == "rejection" and d["verifications"] > 0 and len(d["tokens"]) == 32
+    assert d["rule"] == "token" and d["verifications"] > 0 and len(d["tokens"]) == 32
     r2 = _run(["generate", "-m", str(mtp_path), "--spec-type", "draft-mtp", "-p", "Hello world", "-n", "8",
                "--no-spec-draft-sample", "-c", "512"])
     assert r2.returncode == 0 and "rule=exact-match" in r2.stderr

@@ -110,15 +110,29 @@ def test_switch_off_and_env_zero_equal_exact_match(pair, monkeypatch):
         spec.generate(PROMPTS[1], sampling=s, seed=7, n_predict=4)
 
 
-def test_grammar_falls_back_to_exact_match(pair):
+def test_grammar_keeps_the_rejection_rule_with_masked_q_and_falls_back_without(pair):
+    """Under a grammar draft-simple masks q with a grammar clone (issue 16): the token rule runs
+    (0 exact-match verifications). A proposal whose q is not masked falls back to exact-match."""
+    from llama_spec.drafters.base import Proposal
+    from llama_spec.rules import ExactMatchRule, TokenRule, choose
+
     spec, _ = pair
     grammar = 'root ::= ("yes" | "no" | "maybe") " " [a-z ]+ "."'
     s = SamplerParams(temp=0.8, grammar=grammar)
     on = spec.generate("Answer yes or no: is the sky blue?", sampling=s, seed=3, n_predict=24, spec_draft_sample=True)
     off = spec.generate("Answer yes or no: is the sky blue?", sampling=s, seed=3, n_predict=24, spec_draft_sample=False)
-    assert on.tokens == off.tokens
-    assert on.stats.exact_match_verifications == on.stats.verifications
-    assert on.text.split(" ")[0] in ("yes", "no", "maybe")
+    assert on.stats.verifications > 0 and on.stats.exact_match_verifications == 0
+    assert off.stats.exact_match_verifications == off.stats.verifications > 0
+    for r in (on, off):
+        assert r.text.split(" ")[0] in ("yes", "no", "maybe")
+
+    class _Sampler:
+        has_grammar = True
+
+    q = [np.array([0.5, 0.5], dtype=np.float32)]
+    for masked, want in ((False, ExactMatchRule), (True, TokenRule)):
+        prop = Proposal(tokens=[1], q_ids=[np.array([1, 2], dtype=np.int32)], q_probs=q, q_grammar_masked=masked)
+        assert isinstance(choose(TokenRule(), ExactMatchRule(), prop, _Sampler(), True), want)  # type: ignore[arg-type]
 
 
 # -- invariant 8 + bad input ----------------------------------------------------------------------------

@@ -37,7 +37,7 @@ def _print_stats(res: GenerationResult, gen: SpeculativeGenerator, file: TextIO)
     print(f"llama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens, generated={st.emitted} tokens, "
           f"decode {st.decode_tps:.2f} t/s, prefill {st.t_prompt_s:.2f} s", file=file)
     if gen.drafter is not None:
-        rule = "rejection" if res.spec_draft_sample else "exact-match"
+        rule = res.verify
         print(f"llama-spec: rule={rule} {gen.drafter.name}: drafted={st.drafted} accepted={st.accepted} "
               f"({100 * st.acceptance_rate:.1f} %) mean_accepted_length={st.mean_accepted_length:.2f}", file=file)
 

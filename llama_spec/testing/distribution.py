@@ -168,7 +168,7 @@ class BrokenBlockRule(BlockRule):
         self.block_kernel = self._broken_kernel
 
     def _broken_kernel(self, p_ids, p_probs, p_lens, drafts, q_ids, q_probs, q_lens, rng, scratch, out):
-        from llama_spec.accept import _py_next_uniform
+        from llama_spec.testing.reference import _py_next_uniform
 
         n_acc = int(BlockRule.block_kernel(p_ids, p_probs, p_lens, drafts, q_ids, q_probs, q_lens, rng, scratch, out))
         if n_acc < len(drafts):
