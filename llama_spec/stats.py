@@ -131,13 +131,16 @@ class SpecStats(Observer):
         self.accepted += n_acc
         self.extra_accepted += v.n_extra
         self.fallback_positions += v.n_fallback
-        n_reached = min(n_out, k)
+        # a tree proposal: positions are depths, and a bonus follows an accepted leaf (not k kept nodes)
+        at_leaf = getattr(v.proposal, "ended_at_leaf", None)
+        depth = k if at_leaf is None else v.proposal.depth  # type: ignore[attr-defined]
+        n_reached = min(n_out, depth)
         for i in range(n_reached):
             self.reached[i] += 1
         for i in range(n_acc):
             self.accepted_at[i] += 1
         if n_out > n_acc:
-            if n_acc < k:
+            if (n_acc < k) if at_leaf is None else not at_leaf:
                 self.recovered += 1
             else:
                 self.bonus += 1
@@ -196,6 +199,10 @@ class TopKStats(Observer):
         self.rank2_prob_sum = np.zeros(n_positions, dtype=np.float64)
         self.rank2_prob_n = np.zeros(n_positions, dtype=np.int64)
         self.verifications = 0
+        self.tree_verifications = 0     # verifications of tree proposals
+        self.tree_accepted = 0          # accepted tokens of those (the tree rule's path)
+        self.tree_chain_accepted = 0    # accepted leading first children (the chain's counterfactual)
+        self.tree_width1 = 0            # the trees' width at depth 1
 
     def attach(self, generator: Any) -> TopKStats:
         """Watch every request of `generator` (a SpeculativeGenerator) from now on."""
@@ -203,10 +210,42 @@ class TopKStats(Observer):
         return self
 
     def on_verify(self, v: Verification) -> None:
-        if len(v.proposal):
+        if not len(v.proposal):
+            return
+        n_chain = getattr(v.proposal, "n_chain", None)
+        if n_chain is None:
             self.record(v.proposal, v.emitted, v.n_accepted)
+            return
+        # A tree: the histogram stays a chain's (its first-child path, which is what the chain would
+        # have drafted), and the tree's own accepted length is counted next to that chain's.
+        self.tree_verifications += 1
+        self.tree_accepted += v.n_accepted
+        self.tree_chain_accepted += int(n_chain)
+        self.tree_width1 = max(self.tree_width1, len(v.proposal.children[0]))  # type: ignore[attr-defined]
+        n_pos = min(int(n_chain) + 1, v.proposal.depth)  # type: ignore[attr-defined]
+        self.record(v.proposal, v.emitted[:n_pos], min(int(n_chain), n_pos), n_positions=n_pos)
 
-    def record(self, proposal, emitted: Sequence[int], n_accepted: int) -> None:
+    def measured_tree_gain(self) -> dict | None:
+        """With tree drafts: accepted tokens per verification of the tree and of its first-child
+        chain (what a chain draft would have kept), and the gain; None without trees."""
+        if not self.tree_verifications:
+            return None
+        n = self.tree_verifications
+        tree, chain = self.tree_accepted / n, self.tree_chain_accepted / n
+        # predicted from the chain's own ranks: a rejection at depth 1 whose emitted token was the
+        # draft's rank 2 (rank 2-3) is what a width-2 (width-3) first level recovers, one token each
+        g = self.widening_gain()
+        w = min(self.tree_width1, 3)
+        pred = None
+        if g and w >= 2 and chain > 0:
+            extra = g[0]["rejections"] * g[0][f"width{w}"] / max(self.verifications, 1)
+            pred = extra / chain
+        return {"verifications": n, "tree_accepted_per_verification": tree,
+                "chain_accepted_per_verification": chain,
+                "measured_gain": tree / chain - 1.0 if chain > 0 else None,
+                "predicted_gain_depth1": pred, "width_depth1": self.tree_width1}
+
+    def record(self, proposal, emitted: Sequence[int], n_accepted: int, n_positions: int | None = None) -> None:
         """One verification: `emitted` are the tokens the loop emitted for it, in order.
 
         Position i was reached iff a token was emitted at i (i < number of drafts); the
@@ -217,7 +256,8 @@ class TopKStats(Observer):
         if ids_list is None:
             return
         self.verifications += 1
-        n_reached = min(len(proposal.tokens), len(emitted), self.n_positions)
+        n_drafted = len(proposal.tokens) if n_positions is None else n_positions
+        n_reached = min(n_drafted, len(emitted), self.n_positions, len(ids_list))
         for i in range(n_reached):
             top = ids_list[i]
             hits = np.flatnonzero(top[: self.width] == emitted[i])
@@ -267,6 +307,7 @@ class TopKStats(Observer):
                 for i in range(n)
             ],
             "widening_gain": self.widening_gain(),
+            "tree": self.measured_tree_gain(),
         }
 
     def table(self) -> str:
@@ -277,6 +318,13 @@ class TopKStats(Observer):
             hist = " ".join(f"{x:<5d}" for x in p["rank_hist"])
             lines.append(f"{p['position']:<4d} {p['reach']:<6d} {100 * p['acceptance_rate']:5.1f}  {hist} "
                          f"{p['mean_rank2_prob']:.3f}  {100 * g['width2']:5.1f} {100 * g['width3']:5.1f}")
+        t = d["tree"]
+        if t is not None:
+            pct = lambda x: "n/a" if x is None else f"{100 * x:+.1f} %"  # noqa: E731
+            lines.append(f"tree: {t['tree_accepted_per_verification']:.2f} accepted per verification vs "
+                         f"{t['chain_accepted_per_verification']:.2f} on its first-child chain: measured "
+                         f"{pct(t['measured_gain'])}, predicted (width {t['width_depth1']} at depth 1) "
+                         f"{pct(t['predicted_gain_depth1'])}")
         return "\n".join(lines)
 
     def to_json(self, path) -> None:

@@ -12,6 +12,15 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # build_llama.py lives at the repository root
 
+# Threads per test process: the cores divided among pytest-xdist's workers (the README's test
+# command runs two), so no process oversubscribes the machine. llama.cpp's threads spin while
+# they wait, and two 2-thread processes on 2 cores run several times slower than two 1-thread
+# ones. Contexts built without n_threads read LLAMA_SPEC_THREADS (subprocesses inherit it).
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
+THREADS = max(1, (os.cpu_count() or 1) // max(_WORKERS, 1))
+os.environ.setdefault("LLAMA_SPEC_THREADS", str(THREADS))
+THREADS = int(os.environ["LLAMA_SPEC_THREADS"])
+
 
 def _model_path(name: str) -> Path:
     from llama_spec.testing.models import model_path

@@ -17,12 +17,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import THREADS
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = ROOT / "scripts"
 
 
+_THREADED = ("bench_spec.py", "bench_rules.py", "bench_native.py", "ppl_parity.py", "profile_spec.py",
+             "bench_bindings.py")
+
+
 def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    if len(args) > 1 and Path(args[1]).name in _THREADED:
+        args = [*args, "--threads", str(THREADS)]  # the test process's share of the cores (conftest)
     env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH")]))
     p = subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

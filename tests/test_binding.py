@@ -6,7 +6,7 @@ import re
 
 import numpy as np
 import pytest
-from conftest import run_native
+from conftest import THREADS, run_native
 
 from llama_spec import Context, Model, ModelLoadError, SamplerParams, SpeculativeGenerator
 from llama_spec.errors import DecodeError
@@ -114,7 +114,7 @@ def test_context_full_raises_decode_error_or_value_error(smollm):
 def _native_greedy(native_bin, model_path, prompt: str, n: int) -> str:
     r = run_native(native_bin, "llama-completion", [
         "-m", str(model_path), "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv", "--no-warmup",
-        "-c", "512", "-t", "2", "--ignore-eos", "--no-display-prompt", "--simple-io", "-nr"])
+        "-c", "512", "-t", str(THREADS), "--ignore-eos", "--no-display-prompt", "--simple-io", "-nr"])
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
@@ -158,7 +158,7 @@ def test_perplexity_matches_llama_perplexity(smollm, native_bin, tmp_path):
     f.write_text(text)
     ours = perplexity(smollm, text, n_ctx=512, n_chunks=4)
     r = run_native(native_bin, "llama-perplexity", ["-m", str(smollm.path), "-f", str(f), "-c", "512", "-b", "512",
-                                                    "--chunks", "4", "-t", "2", "-nr"])
+                                                    "--chunks", "4", "-t", str(THREADS), "-nr"])
     assert r.returncode == 0, r.stderr[-2000:]
     m = re.search(r"Final estimate: PPL = ([0-9.]+)", r.stdout + r.stderr)
     assert m, (r.stdout + r.stderr)[-2000:]

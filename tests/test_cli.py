@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from conftest import THREADS
+
 
 def _run(args, timeout=600):
     return subprocess.run([sys.executable, "-m", "llama_spec", *args], capture_output=True, text=True, timeout=timeout)
@@ -68,7 +70,7 @@ def _ns(args):
     return build_parser().parse_args(args)
 
 
-_GEN = ["generate", "-m", "smollm2-135m", "-c", "256", "-t", "2", "-p", "The capital of France is"]
+_GEN = ["generate", "-m", "smollm2-135m", "-c", "256", "-t", str(THREADS), "-p", "The capital of France is"]
 
 
 def test_reverse_prompt_stops_before_the_string(smollm_path, capsys):
@@ -98,7 +100,7 @@ def test_no_repack_and_load_mode_reach_the_model(smollm_path):
         from llama_spec import SamplerParams, SpeculativeGenerator
         texts = []
         for m in (m_on, m_off):
-            g = SpeculativeGenerator(m, None, n_ctx=128, n_threads=2)
+            g = SpeculativeGenerator(m, None, n_ctx=128, n_threads=THREADS)
             texts.append(g.generate("Paris is", sampling=SamplerParams(temp=0), n_predict=4).tokens)
             g.close()
         assert len(texts[0]) == len(texts[1]) == 4

@@ -7,6 +7,8 @@ sampling, over N seeds each, compared by a chi-square test of homogeneity on the
 Threshold: p-value > 5e-5. Under a correct implementation the p-value is uniform, so each
 comparison fails with probability 5e-5 (< 1 in 10,000).
 
+The tree rule (issue 12) runs the real-pair test with three candidates at t1 (exactness only).
+
 Power against a deliberately broken rule (accept with min(1, p/q) but recover from p instead of
 the residual): the broken law is b = min(p, q) + (1 - sum min(p, q)) p, so b - p shrinks with
 how far q is from p and with how often the target's choices are spread out. The laws of both are
@@ -73,6 +75,15 @@ def synth_gens():
     m.close()
 
 
+@pytest.fixture(scope="module")
+def real_tree_gen(qwen15, qwen05):
+    # tree (3, 1): with n_predict 3 the tree is cut to depth 1, so t1 is decided by the tree rule
+    # at a root with three candidates drawn without replacement (issue 12)
+    spec = SpeculativeGenerator(qwen15, DraftModelDrafter(qwen05, n_ctx=256), n_ctx=256, n_max=3, tree=(3, 1))
+    yield spec
+    spec.close()
+
+
 _PLAIN_CACHE: dict = {}
 
 
@@ -130,4 +141,19 @@ def test_synthetic_block_rule_with_three_drafts_matches_plain(synth_gens):
     assert spec.total.verifications - v0 >= N_SYNTH
     p_ok, cells = dist.homogeneity_pvalue(ref, new)
     assert cells >= 20
+    assert p_ok > THRESHOLD, (p_ok, cells)
+
+
+def test_real_pair_tree_rule_matches_plain_sampling(real_gens, real_tree_gen):
+    """Loop level, the tree rule: t1 decided among three sibling candidates (recursive rejection
+    without replacement). Exactness only at this N, as the real-pair chain test above; the kernel's
+    power against broken tree rules is stated in tests/test_accept_tree.py."""
+    _, plain = real_gens
+    spec = real_tree_gen
+    d0, v0 = spec.total.drafted, spec.total.verifications
+    ref, new = _arms(spec, plain, REAL_PROMPT, N_REAL)
+    assert spec.total.verifications - v0 == N_REAL
+    assert spec.total.drafted - d0 == 3 * N_REAL  # three candidates at t1 every time
+    p_ok, cells = dist.homogeneity_pvalue(ref, new)
+    assert cells >= 5
     assert p_ok > THRESHOLD, (p_ok, cells)

@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import THREADS
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -71,7 +72,7 @@ def test_known_aborts_now_raise_naming_the_argument(smollm_path):
             SamplerParams(top_k=2**32)
         with pytest.raises(TypeError, match="n_max"):
             SpeculativeGenerator(m, None, n_ctx=64, n_max=float("inf"))
-        gen = SpeculativeGenerator(m, None, n_ctx=64, n_threads=2)
+        gen = SpeculativeGenerator(m, None, n_ctx=64, n_threads=THREADS)
         with pytest.raises(ValueError, match="prompt"):
             gen.generate([2**63 - 1, 5])
         with pytest.raises(ValueError, match="text"):

@@ -9,13 +9,15 @@ invariant 12). The other cross-checks (tests/test_binding.py) run with repacking
 from __future__ import annotations
 
 import pytest
-from conftest import run_native
+from conftest import THREADS, run_native
 
 from llama_spec import Model, SamplerParams, SpeculativeGenerator
 
-PROMPTS = [
+PROMPTS = [  # 3 models x 4 prompts x 64 tokens (issue 15)
     "The capital of France is",
     "def fibonacci(n):\n    ",
+    "Once upon a time, in a small village by the sea,",
+    "List three uses of a hash map:\n1.",
 ]
 N = 64
 
@@ -24,16 +26,16 @@ def _native_greedy(native_bin, model_path, prompt: str, n: int) -> str:
     # no -nr: llama.cpp's default (repack on), like Model's default
     r = run_native(native_bin, "llama-completion", [
         "-m", str(model_path), "-p", prompt, "-n", str(n), "--temp", "0", "-no-cnv", "--no-warmup",
-        "-c", "512", "-t", "2", "--ignore-eos", "--no-display-prompt", "--simple-io"])
+        "-c", "512", "-t", str(THREADS), "--ignore-eos", "--no-display-prompt", "--simple-io"])
     assert r.returncode == 0, r.stderr[-2000:]
     return r.stdout
 
 
-@pytest.mark.parametrize("which", ["smollm_path", "qwen05_path"])
+@pytest.mark.parametrize("which", ["smollm_path", "qwen05_path", "qwen15_path"])
 def test_greedy_with_repack_matches_llama_completion(which, request, native_bin):
     path = request.getfixturevalue(which)
     model = Model(path)  # defaults: repack on
-    gen = SpeculativeGenerator(model, None, n_ctx=512, n_threads=2)
+    gen = SpeculativeGenerator(model, None, n_ctx=512, n_threads=THREADS)
     for prompt in PROMPTS:
         native = _native_greedy(native_bin, path, prompt, N)
         ours = gen.generate(prompt, sampling=SamplerParams(temp=0.0), n_predict=N, ignore_eos=True)

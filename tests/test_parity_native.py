@@ -11,7 +11,7 @@ included (docs/design.md invariant 12). Plain generation vs llama-completion: te
 from __future__ import annotations
 
 import pytest
-from conftest import run_native
+from conftest import THREADS, run_native
 
 from llama_spec import Model, SamplerParams, SpeculativeGenerator
 from llama_spec.drafters.draft_model import DraftModelDrafter
@@ -24,7 +24,7 @@ def _native_spec(native_bin, target, draft, prompt: str, n: int) -> str:
     # no -nr: repack on, llama.cpp's default; n-max 3 and p-min 0 are its defaults too
     r = run_native(native_bin, "llama-speculative-simple", [
         "-m", str(target), "-md", str(draft), "-p", prompt, "-n", str(n), "--temp", "0", "-c", "1024",
-        "-t", "2", "--spec-type", "draft-simple", "--spec-draft-n-max", "3"])
+        "-t", str(THREADS), "--spec-type", "draft-simple", "--spec-draft-n-max", "3"])
     assert r.returncode == 0, r.stderr[-2000:]
     out = r.stdout
     i = out.find(prompt)
@@ -33,7 +33,7 @@ def _native_spec(native_bin, target, draft, prompt: str, n: int) -> str:
 
 def _ours(target_path, draft_path, prompts, n):
     t, d = Model(target_path), Model(draft_path)   # defaults: repack on
-    gen = SpeculativeGenerator(t, DraftModelDrafter(d, n_ctx=1024, n_threads=2), n_ctx=1024, n_threads=2, n_max=3)
+    gen = SpeculativeGenerator(t, DraftModelDrafter(d, n_ctx=1024, n_threads=THREADS), n_ctx=1024, n_threads=THREADS, n_max=3)
     try:
         return [gen.generate(p, sampling=SamplerParams(temp=0.0), n_predict=n, ignore_eos=True).text for p in prompts]
     finally:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from conftest import THREADS
 
 from llama_spec import SpeculativeGenerator
 from llama_spec.context import Context
@@ -22,12 +23,12 @@ NO_FA = {"flash_attn": "off"}
 
 
 def _gen(model, tree=None, **kw):
-    d = DraftModelDrafter(model, n_ctx=256, n_threads=2)
-    return SpeculativeGenerator(model, d, n_ctx=256, n_threads=2, tree=tree, context_options=NO_FA, **kw)
+    d = DraftModelDrafter(model, n_ctx=256, n_threads=THREADS)
+    return SpeculativeGenerator(model, d, n_ctx=256, n_threads=THREADS, tree=tree, context_options=NO_FA, **kw)
 
 
 def test_greedy_tree_equals_plain(smollm):
-    plain = SpeculativeGenerator(smollm, None, n_ctx=256, n_threads=2, context_options=NO_FA)
+    plain = SpeculativeGenerator(smollm, None, n_ctx=256, n_threads=THREADS, context_options=NO_FA)
     gen = _gen(smollm, (2, 2, 1))
     try:
         r0 = plain.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=20)
@@ -83,7 +84,7 @@ def test_memory_holds_the_accepted_prefix(smollm):
     llama.cpp's CPU attention, which depends on where the cells lie (docs/trees.md: a shifted but
     otherwise identical plain context differs by up to 0.7 on this model), with the same argmax."""
     gen = _gen(smollm, (2, 1, 1))
-    fresh = Context(smollm, n_ctx=256, n_threads=2, flash_attn="off")
+    fresh = Context(smollm, n_ctx=256, n_threads=THREADS, flash_attn="off")
     check = _RowCheck(fresh)
     try:
         r = gen.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=16, observers=[check])
@@ -98,15 +99,15 @@ def test_memory_holds_the_accepted_prefix(smollm):
 
 
 def test_bad_tree_input_before_any_decode(smollm, mtp_model):
-    d = DraftModelDrafter(smollm, n_ctx=256, n_threads=2)
+    d = DraftModelDrafter(smollm, n_ctx=256, n_threads=THREADS)
     try:
         for bad, msg in (((0, 1), "width"), ((8, 8), "nodes"), ((), "depth"), ("3,x", "integers")):
             with pytest.raises(ValueError, match=msg):
-                SpeculativeGenerator(smollm, d, n_ctx=256, n_threads=2, tree=bad)
+                SpeculativeGenerator(smollm, d, n_ctx=256, n_threads=THREADS, tree=bad)
         with pytest.raises(ValueError, match="cannot draft trees"):
-            SpeculativeGenerator(smollm, None, n_ctx=256, n_threads=2, tree=(2, 1))
+            SpeculativeGenerator(smollm, None, n_ctx=256, n_threads=THREADS, tree=(2, 1))
         assert d.ctx.pos_max(0) == -1  # nothing was decoded
-        gen = SpeculativeGenerator(smollm, d, n_ctx=256, n_threads=2)
+        gen = SpeculativeGenerator(smollm, d, n_ctx=256, n_threads=THREADS)
         with pytest.raises(ValueError, match="sequences in the target context"):
             gen.stream(PROMPT, tree=(3, 1))
         assert gen.ctx.pos_max(0) == -1
@@ -114,12 +115,70 @@ def test_bad_tree_input_before_any_decode(smollm, mtp_model):
     finally:
         d.close()
     with pytest.raises(ValueError, match="recurrent"):  # the hybrid MTP model as draft model
-        DraftModelDrafter(mtp_model, n_ctx=256, n_threads=2).enable_tree((2, 1))
+        DraftModelDrafter(mtp_model, n_ctx=256, n_threads=THREADS).enable_tree((2, 1))
     from llama_spec.drafters.mtp import MtpDrafter
 
-    mtp = MtpDrafter(mtp_model, n_ctx=256, n_threads=2)
+    mtp = MtpDrafter(mtp_model, n_ctx=256, n_threads=THREADS)
     with pytest.raises(ValueError, match="draft-mtp cannot draft trees"):
         mtp.enable_tree((2, 1))
     mtp.close()
     with pytest.raises(ValueError, match="recurrent"):  # ... and as target
-        SpeculativeGenerator(mtp_model, None, n_ctx=256, n_threads=2, n_max=3, tree=(2, 1))
+        SpeculativeGenerator(mtp_model, None, n_ctx=256, n_threads=THREADS, n_max=3, tree=(2, 1))
+
+
+class _Leaves(Observer):
+    """Counts tree verifications that ended at an accepted leaf with a bonus token emitted."""
+
+    def __init__(self) -> None:
+        self.leaf_bonus = self.trees = 0
+
+    def on_verify(self, v) -> None:
+        if isinstance(v.proposal, TreeProposal) and len(v.proposal):
+            self.trees += 1
+            self.leaf_bonus += int(v.proposal.ended_at_leaf and len(v.emitted) > v.n_accepted)
+
+
+def test_tree_stats_count_bonus_at_leaves_and_topk_measures_the_gain(smollm):
+    """SpecStats: a bonus follows an accepted leaf (not 'every node kept'); positions are depths.
+    TopKStats: the tree's accepted length next to its first-child chain's (the measured gain)."""
+    from llama_spec.stats import TopKStats
+
+    gen = _gen(smollm, (3, 1))
+    try:
+        topk = TopKStats().attach(gen)
+        leaves = _Leaves()
+        r = gen.generate(PROMPT, sampling=SamplerParams(temp=1.0), seed=2, n_predict=40, ignore_eos=True,
+                         observers=[leaves])
+        st = r.stats
+        assert st.verifications == leaves.trees > 0
+        assert st.bonus == leaves.leaf_bonus > 0
+        assert st.verifications - 1 <= st.recovered + st.bonus <= st.verifications  # the last may stop early
+        assert st.reached[0] == st.verifications and sum(st.reached[2:]) == 0  # depth 2 only
+        assert st.accepted == sum(st.accepted_at[:2])
+        g = topk.measured_tree_gain()
+        assert g is not None and g["verifications"] == st.verifications and g["width_depth1"] == 3
+        assert g["tree_accepted_per_verification"] * g["verifications"] == pytest.approx(st.accepted)
+        assert g["tree_accepted_per_verification"] >= g["chain_accepted_per_verification"]
+        assert "tree:" in topk.table() and topk.as_dict()["tree"] == g
+    finally:
+        gen.close()
+
+
+def test_cli_spec_draft_tree_greedy_equals_plain(smollm_path):
+    import subprocess
+    import sys
+
+    def run(*extra):
+        r = subprocess.run([sys.executable, "-m", "llama_spec", "generate", "-m", str(smollm_path), "-p", PROMPT,
+                            "-n", "16", "--temp", "0", "-c", "256", "-t", "1", "-fa", "off", "-nr", *extra],
+                           capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-2000:]
+        return r
+    plain = run("--spec-type", "none")
+    tree = run("-md", str(smollm_path), "--spec-draft-tree", "2,1", "--spec-topk-stats")
+    assert tree.stdout == plain.stdout and len(plain.stdout.strip()) > 0
+    assert "tree:" in tree.stderr and "verifications=" in tree.stderr
+    bad = subprocess.run([sys.executable, "-m", "llama_spec", "generate", "-m", str(smollm_path), "-p", PROMPT,
+                          "-md", str(smollm_path), "--spec-draft-tree", "0,1", "-n", "4"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode != 0 and "tree" in bad.stderr and "Traceback" not in bad.stderr

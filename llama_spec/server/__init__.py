@@ -1,13 +1,12 @@
 """OpenAI-compatible HTTP server over the (batched) speculative generator: ``llama-spec serve``.
 
 ``create_app(engine, model, config)`` builds the starlette app; :class:`ServerEngine` owns the
-worker thread that drives a batch generator (:class:`SerialBatchAdapter` until the batched
-generator exists). Needs the ``[server]`` extra (starlette, uvicorn).
+worker thread that drives a :class:`~llama_spec.batch.BatchGenerator`. Needs the ``[server]`` extra (starlette, uvicorn).
 """
 
 from __future__ import annotations
 
 from .app import ServerConfig, create_app
-from .engine import GenerationRequest, SerialBatchAdapter, ServerEngine
+from .engine import GenerationRequest, ServerEngine
 
-__all__ = ["GenerationRequest", "SerialBatchAdapter", "ServerConfig", "ServerEngine", "create_app"]
+__all__ = ["GenerationRequest", "ServerConfig", "ServerEngine", "create_app"]

@@ -8,10 +8,10 @@ GenerationResult)`` or ``("error", exception)``. :meth:`ServerEngine.cancel` (a 
 away) gives the capacity back at once; the worker drops the sequence (its KV cells) before it
 admits anything else.
 
-The worker drives any object with the BatchGenerator interface of INTERFACES.md
-(``free_slots/add/cancel/step/has_work/close``, ``n_parallel``, ``n_ctx_per_seq``).
-:class:`SerialBatchAdapter` gives that interface to a :class:`SpeculativeGenerator`: slots are
-kept, but one sequence (the oldest) generates at a time. A per-sequence failure inside
+The worker drives any object with :class:`~llama_spec.batch.BatchGenerator`'s interface
+(:class:`BatchLike`: ``free_slots/add/cancel/step/has_work/close``, ``n_parallel``,
+``n_ctx_per_seq``); ``llama-spec serve`` gives it a BatchGenerator, whose slots decode together
+in one target batch per step. A per-sequence failure inside
 ``step()`` is a :class:`~llama_spec.errors.SequenceError` naming the request; only that request
 fails. Any other exception from ``step()`` fails the sequences active at that moment.
 """
@@ -20,20 +20,16 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import dataclasses
-import inspect
 import logging
 import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
 from ..batch import GenerationRequest
-from ..drafters.base import Drafter
 from ..errors import RequestError, SequenceError
-from ..model import Model
-from ..speculative import GenerationResult, GenerationStream, SpeculativeGenerator, TokenEvent
+from ..speculative import GenerationResult, TokenEvent
 
-__all__ = ["BatchLike", "GenerationRequest", "RequestHandle", "SerialBatchAdapter", "ServerEngine"]
+__all__ = ["BatchLike", "GenerationRequest", "RequestHandle", "ServerEngine"]
 
 log = logging.getLogger("llama_spec.server")
 
@@ -53,111 +49,6 @@ class BatchLike(Protocol):
 
 
 # ============================================================================ serial adapter
-
-
-class SerialBatchAdapter:
-    """The BatchGenerator interface over one SpeculativeGenerator: one sequence generates at a time.
-
-    Same constructor as BatchGenerator (so the server swaps one for the other in one line).
-    ``n_parallel`` slots can be filled; ``step()`` advances the oldest one by one emitted token
-    and, when it finishes, returns its GenerationResult after its last TokenEvent.
-    """
-
-    def __init__(self, target: Model, drafter_factory: Callable[[], Drafter] | None = None, *,
-                 n_parallel: int = 4, n_ctx: int = 4096, n_batch: int = 512,
-                 n_threads: int | None = None, n_max: int = 3, context_options: dict[str, Any] | None = None) -> None:
-        if n_parallel < 1:
-            raise ValueError(f"n_parallel must be >= 1, got {n_parallel}")
-        drafter = drafter_factory() if drafter_factory is not None else None
-        try:
-            self.gen = SpeculativeGenerator(target, drafter, n_ctx=n_ctx, n_batch=n_batch,
-                                            n_threads=n_threads, n_max=n_max, context_options=context_options)
-        except BaseException:
-            if drafter is not None:
-                drafter.close()
-            raise
-        self.model = target
-        self.n_parallel = int(n_parallel)
-        self.n_ctx_per_seq = self.gen.ctx.n_ctx
-        self._params = set(inspect.signature(self.gen.stream).parameters)
-        self._slots: collections.OrderedDict[int, GenerationRequest] = collections.OrderedDict()
-        self._active: tuple[int, GenerationStream] | None = None
-        self._next_id = 0
-
-    def free_slots(self) -> int:
-        return self.n_parallel - len(self._slots)
-
-    def has_work(self) -> bool:
-        return bool(self._slots)
-
-    def add(self, request: GenerationRequest) -> int:
-        """Take a free slot; ValueError for a prompt that does not fit (both numbers named)."""
-        if self.free_slots() <= 0:
-            raise RuntimeError("no free slot")
-        p = request.prompt
-        tokens = self.model.tokenize(p) if isinstance(p, str) else [int(t) for t in p]
-        if not tokens:
-            raise ValueError("empty prompt")
-        if len(tokens) >= self.n_ctx_per_seq:
-            raise ValueError(f"the prompt has {len(tokens)} tokens but a slot's context holds "
-                             f"{self.n_ctx_per_seq} (the prompt must leave room for one generated token)")
-        if request.verify is not None and request.verify not in ("token", "exact-match") \
-                and "verify" not in self._params:
-            raise ValueError(f"verify={request.verify!r} is not supported by this generator")
-        rid = self._next_id
-        self._next_id += 1
-        self._slots[rid] = dataclasses.replace(request, prompt=tokens)
-        return rid
-
-    def cancel(self, request_id: int) -> None:
-        """Drop a sequence (waiting or generating); its slot is free at once."""
-        if self._slots.pop(request_id, None) is None:
-            return
-        if self._active is not None and self._active[0] == request_id:
-            stream = self._active[1]
-            self._active = None
-            stream.close()  # the loop's frame ends; the next request's prefill replaces its KV cells
-
-    def _start(self, rid: int, req: GenerationRequest) -> None:
-        kw: dict[str, Any] = dict(sampling=req.sampling, n_predict=req.n_predict, seed=req.seed,
-                                  stop=tuple(req.stop), n_max=req.n_max, ignore_eos=req.ignore_eos)
-        if "verify" in self._params:
-            if req.verify is not None:
-                kw["verify"] = req.verify
-        elif req.verify is not None:
-            kw["spec_draft_sample"] = req.verify != "exact-match"
-        self._active = (rid, self.gen.stream(req.prompt, **kw))  # validates now (ValueError naming the field)
-
-    def step(self) -> list[tuple[int, TokenEvent | GenerationResult]]:
-        """Advance the oldest sequence by one token (and its result when it ends)."""
-        if not self._slots:
-            return []
-        rid = next(iter(self._slots)) if self._active is None else self._active[0]
-        try:
-            if self._active is None:
-                self._start(rid, self._slots[rid])
-            assert self._active is not None
-            ev = next(self._active[1], None)
-        except Exception as e:  # noqa: BLE001 - one request's failure must not take the server down
-            self._active = None
-            self._slots.pop(rid, None)
-            raise SequenceError(rid, e) from e
-        if ev is not None:
-            return [(rid, ev)]
-        res = self._active[1].result
-        assert res is not None
-        self._active = None
-        self._slots.pop(rid, None)
-        return [(rid, res)]
-
-    def close(self) -> None:
-        if self._active is not None:
-            self.cancel(self._active[0])
-        self._slots.clear()
-        self.gen.close()
-
-
-# ============================================================================ the engine
 
 
 class RequestHandle:
