@@ -604,13 +604,24 @@ def build_tools(tools: list[str]) -> Path:
     """Build llama.cpp's own tools (llama-completion, llama-perplexity, ...) in the same cache."""
     info = build_info()
     bdir = Path(info["build_dir"])
-    missing = [t for t in tools if not (bdir / "bin" / t).exists()]
-    if missing:
-        jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
-        log(f"building native tools {' '.join(missing)} in {bdir}")
-        _configure(info["cmake_args"], bdir / "llama-spec-build.log")
-        _run_logged(["cmake", "--build", str(bdir), "-j", jobs, "--target", *missing],
-                    bdir / "llama-spec-build.log", "cmake build (tools)")
+    if all((bdir / "bin" / t).exists() for t in tools):
+        return bdir / "bin"
+    bdir.mkdir(parents=True, exist_ok=True)
+    # several test processes (pytest-xdist workers) may ask at once: one builds, the others wait
+    with open(bdir / ".tools.lock", "a+b") as lock:
+        try:
+            import fcntl
+
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        except ImportError:  # not POSIX: no lock
+            pass
+        missing = [t for t in tools if not (bdir / "bin" / t).exists()]
+        if missing:
+            jobs = os.environ.get("CMAKE_BUILD_PARALLEL_LEVEL") or str(os.cpu_count() or 2)
+            log(f"building native tools {' '.join(missing)} in {bdir}")
+            _configure(info["cmake_args"], bdir / "llama-spec-build.log")
+            _run_logged(["cmake", "--build", str(bdir), "-j", jobs, "--target", *missing],
+                        bdir / "llama-spec-build.log", "cmake build (tools)")
     return bdir / "bin"
 
 
