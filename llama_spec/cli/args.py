@@ -40,7 +40,8 @@ def add_model_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-c", "--ctx-size", type=int, default=4096, help="context size (default 4096)")
     ap.add_argument("-b", "--batch-size", type=int, default=512)
     ap.add_argument("-ub", "--ubatch-size", type=int, default=None, help="physical batch size (default: -b)")
-    ap.add_argument("-t", "--threads", type=int, default=None, help="threads (default: all cores)")
+    ap.add_argument("-t", "--threads", type=int, default=None,
+                    help="threads (default: $LLAMA_SPEC_THREADS, else all cores)")
     ap.add_argument("-ngl", "--n-gpu-layers", type=int, default=-1, help="layers on the GPU (-1 = all)")
     ap.add_argument("-sm", "--split-mode", default="layer", choices=["none", "layer", "row", "tensor"])
     ap.add_argument("-ts", "--tensor-split", default=None, help="comma-separated weights, e.g. 60,40")
