@@ -16,10 +16,18 @@ sys.path.insert(0, str(ROOT))  # build_llama.py lives at the repository root
 # command runs two), so no process oversubscribes the machine. llama.cpp's threads spin while
 # they wait, and two 2-thread processes on 2 cores run several times slower than two 1-thread
 # ones. Contexts built without n_threads read LLAMA_SPEC_THREADS (subprocesses inherit it).
-_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1") or 1)
-THREADS = max(1, (os.cpu_count() or 1) // max(_WORKERS, 1))
-os.environ.setdefault("LLAMA_SPEC_THREADS", str(THREADS))
-THREADS = int(os.environ["LLAMA_SPEC_THREADS"])
+# The worker count is known only once pytest configures (xdist sets its variables after this
+# module is imported), so THREADS is settled in pytest_configure, before any test module imports it.
+THREADS = max(1, os.cpu_count() or 1)
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    global THREADS
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # the controller of an xdist run: its workers settle their own share
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    os.environ.setdefault("LLAMA_SPEC_THREADS", str(max(1, (os.cpu_count() or 1) // max(workers, 1))))
+    THREADS = int(os.environ["LLAMA_SPEC_THREADS"])
 
 
 def _model_path(name: str) -> Path:

@@ -120,9 +120,9 @@ def test_qwen_pair_topk_report_json_and_png(qwen15, qwen05, tmp_path):
 
     gen = SpeculativeGenerator(qwen15, DraftModelDrafter(qwen05, n_ctx=1024), n_ctx=1024, n_max=3)
     logs = []
-    st = TopKStats(every=64, log=logs.append).attach(gen)
+    st = TopKStats(every=16, log=logs.append).attach(gen)
     r = gen.generate("Write a long Python module that implements a linked list with many methods.\n",
-                     sampling=SamplerParams(temp=0.8), seed=3, n_predict=512, ignore_eos=True)
+                     sampling=SamplerParams(temp=0.8), seed=3, n_predict=192, ignore_eos=True)
     gen.close()
     st.to_json(tmp_path / "topk.json")
     st.plot(tmp_path / "topk.png")
