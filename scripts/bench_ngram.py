@@ -38,7 +38,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_native import native_bin, run_native  # noqa: E402
+from bench_native import native_bin, run_native, same_text  # noqa: E402
 from bench_spec import (  # noqa: E402
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
@@ -135,7 +135,9 @@ class LlamaCppPython:
     def __init__(self, args) -> None:
         self.args = args
         self.python = Path(args.lcp_venv) / "bin" / "python"
-        if not self.python.exists():
+        ok = self.python.exists() and subprocess.run([str(self.python), "-c", "import llama_cpp"],
+                                                     capture_output=True, timeout=120).returncode == 0
+        if not ok:
             raise FileNotFoundError(f"no llama-cpp-python venv at {args.lcp_venv} (python scripts/bench_bindings.py "
                                     "--smoke creates it, ~7 min)")
 
@@ -225,7 +227,7 @@ def summarize_rows(runs: list[dict], arms: list[str]) -> list[dict]:
                 vs = [med[(p, arm)] / med[(p, f"native:{kind}")] for p in {r["prompt"] for r in a}
                       if (p, f"native:{kind}") in med and med[(p, f"native:{kind}")] > 0]
                 row["vs_native"] = summarize(vs)
-            native_same = [r["text"] == n["text"] for r in a if arm.startswith("ours:")
+            native_same = [same_text(r["text"], n["text"]) for r in a if arm.startswith("ours:")
                            for n in sel if n["arm"] == f"native:{kind}" and n["prompt"] == r["prompt"]
                            and n["half"] == r["half"]]
             if native_same:
@@ -264,7 +266,11 @@ def parse_args(argv=None):
     ap.add_argument("--lcp-venv", default=os.environ.get("LLAMA_SPEC_LCP_VENV", "/tmp/lcp-venv"))
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    for arm in args.arms:
+        if not (arm in ("plain", "lcpp:prompt-lookup") or arm.startswith(("ours:", "native:"))):
+            ap.error(f"unknown arm {arm!r}: plain, ours:TYPE[,TYPE], native:TYPE or lcpp:prompt-lookup")
+    return args
 
 
 def main(argv=None) -> int:
