@@ -188,8 +188,15 @@ def test_gpu_check_dry_run(tmp_path):
 LCP_VENV = Path(os.environ.get("LLAMA_SPEC_LCP_VENV", "/tmp/lcp-venv"))
 
 
+def _lcp_ready() -> bool:
+    """The venv exists AND llama-cpp-python imports in it (a half-built venv must skip, not fail)."""
+    py = LCP_VENV / "bin" / "python"
+    return py.exists() and subprocess.run([str(py), "-c", "import llama_cpp"], capture_output=True,
+                                          timeout=120).returncode == 0
+
+
 @pytest.mark.slow
-@pytest.mark.skipif(not (LCP_VENV / "bin" / "python").exists(),
+@pytest.mark.skipif(not _lcp_ready(),
                     reason=f"no llama-cpp-python venv at {LCP_VENV} (scripts/bench_bindings.py creates it, ~7 min)")
 @pytest.mark.parametrize("fresh", [False, True], ids=["one-process", "fresh-process"])
 def test_bench_bindings_smoke(tmp_path, fresh):
