@@ -42,6 +42,7 @@ from bench_native import native_bin, run_native, same_text  # noqa: E402
 from bench_spec import (  # noqa: E402
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
+    fmt_spread,
     loadavg,
     machine_info,
     resolve,
@@ -238,7 +239,7 @@ def summarize_rows(runs: list[dict], arms: list[str]) -> list[dict]:
 
 def markdown(res: dict) -> str:
     def spread(s):
-        return f"{s['median']:.2f} [{s['min']:.2f}–{s['max']:.2f}]" if s and s.get("n") else "—"
+        return fmt_spread(s, 2) if s and s.get("n") else "—"
 
     out = ["| set | arm | t/s median | kept / drafted | ÷ plain (per prompt) | ÷ native same drafter | text = native |",
            "|---|---|---|---|---|---|---|"]

@@ -38,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_spec import (  # noqa: E402
     DEFAULT_DRAFTER,
     DEFAULT_TARGET,
+    fmt_spread,
     load_prompts,
     loadavg,
     machine_info,
@@ -152,7 +153,7 @@ def markdown(res: dict, names: list[str]) -> str:
             else:
                 gain, pred = pct(a["accepted_gain"]), pct(a.get("predicted_gain"))
                 tr = a["tps_ratio"]
-                ratio = f"{tr['median']:.3f} [{tr['min']:.3f}–{tr['max']:.3f}]" if tr["n"] else "n/a"
+                ratio = fmt_spread(tr, 3) if tr["n"] else "n/a"
                 be = f"{a['measured_time_ratio']:.2f} vs {a['break_even_time_ratio']:.2f}"
             out.append(f"| {r['temp']:.1f} | {name} | {a['accepted_per_verification']:.3f} ({gain}) | {pred} | "
                        f"{a['tokens_per_verification']:.3f} | {a['target_tokens_per_verification']:.2f} | "
