@@ -229,6 +229,15 @@ class Model(NativeHandle):
         """End of generation (EOS, EOT, ...)."""
         return bool(lib.llama_vocab_is_eog(self.vocab_ptr, int(token)))
 
+    @property
+    def eog_tokens(self) -> tuple[int, ...]:
+        """Every end-of-generation token id (llama.cpp's EOG set), computed once."""
+        eog = getattr(self, "_eog_tokens", None)
+        if eog is None:
+            eog = tuple(t for t in range(self.n_vocab) if lib.llama_vocab_is_eog(self.vocab_ptr, t))
+            self._eog_tokens = eog
+        return eog
+
     def is_control(self, token: int) -> bool:
         return bool(lib.llama_vocab_is_control(self.vocab_ptr, int(token)))
 

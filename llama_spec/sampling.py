@@ -91,6 +91,14 @@ class SamplerParams:
         return dataclasses.replace(self, **changes)
 
 
+def ignore_eos_params(params: SamplerParams, model: Model) -> SamplerParams:
+    """llama.cpp's --ignore-eos: a -inf logit bias on every EOG token (common/common.cpp), so
+    an end-of-generation token is never sampled (not merely not stopped at)."""
+    have = {int(t) for t, b in params.logit_bias if b == -np.inf}
+    extra = tuple((t, -np.inf) for t in model.eog_tokens if t not in have)
+    return params.replace(logit_bias=params.logit_bias + extra) if extra else params
+
+
 _INT_FIELDS = ("top_k", "min_keep", "penalty_last_n", "dry_allowed_length", "dry_penalty_last_n", "seed")
 _FLOAT_FIELDS = ("temp", "top_p", "min_p", "typical_p", "top_n_sigma", "dynatemp_range", "dynatemp_exponent",
                  "penalty_repeat", "penalty_freq", "penalty_present", "dry_multiplier", "dry_base",
@@ -223,9 +231,22 @@ def _penalties_on(params: SamplerParams) -> bool:
         params.penalty_repeat != 1.0 or params.penalty_freq != 0.0 or params.penalty_present != 0.0)
 
 
+def _bans(params: SamplerParams) -> list[int]:
+    """The banned token ids when every logit bias is -inf (e.g. ignore_eos' EOG bans), else []."""
+    if params.logit_bias and all(b == -np.inf for _, b in params.logit_bias):
+        return sorted({int(t) for t, _ in params.logit_bias})
+    return []
+
+
 def _edits_logits(params: SamplerParams) -> bool:
     """Does the chain change logits before its first cut (logit bias, penalties, DRY)?"""
     return bool(params.logit_bias) or _penalties_on(params) or params.dry_multiplier > 0
+
+
+def _edits_logits_beyond_bans(params: SamplerParams) -> bool:
+    """As _edits_logits, but -inf biases only (bans) do not count: the fast paths apply those
+    to a copy of the row, which is what the chain's logit-bias member does to the candidates."""
+    return (bool(params.logit_bias) and not _bans(params)) or _penalties_on(params) or params.dry_multiplier > 0
 
 
 def build_chain(params: SamplerParams, model: Model, *, with_dist: bool) -> tuple[Any, list[Any]]:
@@ -311,11 +332,17 @@ class TargetSampler:
                              if _clone_from._grammar != ffi.NULL else ffi.NULL)
         self._n_chain = lib.llama_sampler_chain_n(self._chain)
         self._members = [lib.llama_sampler_chain_get(self._chain, i) for i in range(self._n_chain)]
-        plain_chain = self.budget is None and self._grammar == ffi.NULL and not _edits_logits(self.params)
+        plain_chain = self.budget is None and self._grammar == ffi.NULL and not _edits_logits_beyond_bans(self.params)
+        # Bans (every bias -inf) are applied to a copy of the row, so the fast paths stay exact:
+        # llama.cpp's logit-bias member would set the same logits to -inf before top-k/greedy.
+        bans = _bans(self.params) if plain_chain else []
+        self._bans = np.asarray(bans, dtype=np.int64) if bans else None
+        self._masked = np.empty(self.n_vocab, dtype=np.float32) if bans else None
+        n_bias = 1 if self.params.logit_bias else 0  # the logit-bias member, first in the chain
         # Fast paths that give the same p without a full-vocabulary candidate array (see
         # _shim.h): a bare greedy chain is an argmax; a chain whose first cut is top-k can start
         # from the k largest logits.
-        self._argmax_only = plain_chain and self.params.greedy and self._n_chain == 1
+        self._argmax_only = plain_chain and self.params.greedy and self._n_chain == 1 + n_bias
         self._prefilter_k = (self.params.top_k if plain_chain and not self.params.greedy
                              and self.params.top_n_sigma <= 0 and 0 < self.params.top_k < self.n_vocab else 0)
         self._cb = CandidateBuffers(self.n_vocab)  # preallocated: nothing allocated per position
@@ -349,6 +376,11 @@ class TargetSampler:
     def _check_row(self, logits_row: np.ndarray) -> np.ndarray:
         if logits_row.dtype != np.float32 or logits_row.shape[-1] != self.n_vocab:
             raise ValueError(f"logits row must be float32 of width {self.n_vocab}")
+        if self._bans is not None and self._masked is not None:  # a copy: the caller's row stays as it was
+            masked = self._masked
+            np.copyto(masked, logits_row)
+            masked[self._bans] = -np.inf
+            return masked
         return np.ascontiguousarray(logits_row)
 
     def _prepare(self, logits_row: np.ndarray) -> Any:

@@ -34,7 +34,7 @@ from .model import Model
 from .observers import Observer, RequestInfo
 from .rules import RULE_NAMES, Rule, Verification, VerifyName, choose, make_rules
 from .rules.tree import TreeRule
-from .sampling import ReasoningBudget, SamplerParams, TargetSampler
+from .sampling import ReasoningBudget, SamplerParams, TargetSampler, ignore_eos_params
 from .stats import N_MAX_LIMIT, SpecStats
 from .tree_verify import TreeProposal, check_tree, commit_tree, decode_tree, propose_tree, tree_n_seqs
 from .types import OutputsSpec
@@ -462,6 +462,8 @@ def build_request(host: RequestHost, prompt, sampling, n_predict, seed, spec_dra
     sampling = sampling or SamplerParams()
     if seed is not None:
         sampling = sampling.replace(seed=int(seed) & 0xFFFFFFFF)
+    if ignore_eos:
+        sampling = ignore_eos_params(sampling, host.model)
     switch = env_flag(ENV_DRAFT_SAMPLE, True) if spec_draft_sample is None else bool(spec_draft_sample)
     rule = pick_rule(host.rules, verify, switch)
     n_max = host.n_max if n_max is None else int(n_max)

@@ -46,16 +46,10 @@ def _make(path):
     return model, SpeculativeGenerator(model, None, n_ctx=512, n_threads=THREADS)
 
 
-# (model, prompt index) pairs whose greedy text diverges from llama-completion at a near-tie
-# (measured with one thread per process, as CI runs; cause not understood yet, see README).
-DIVERGENT: set[tuple[str, int]] = {("qwen05_path", 3), ("qwen15_path", 1)}
-
 
 @pytest.mark.parametrize("i", range(len(PROMPTS)))
 @pytest.mark.parametrize("which", ["smollm_path", "qwen05_path", "qwen15_path"])
 def test_greedy_with_repack_matches_llama_completion(which, i, request, native_bin, generators):
-    if (which, i) in DIVERGENT:
-        request.applymarker(pytest.mark.xfail(strict=True, reason="near-tie divergence from llama-completion"))
     path = request.getfixturevalue(which)
     _, gen = generators(which)
     prompt = PROMPTS[i]

@@ -15,7 +15,7 @@ import pytest
 from llama_spec import SamplerParams
 from llama_spec._ffi import ffi, lib
 from llama_spec.drafters.mirror import MirrorSampler, mirror_params
-from llama_spec.sampling import TargetSampler
+from llama_spec.sampling import TargetSampler, ignore_eos_params
 
 PARAMS = [
     SamplerParams(seed=7),  # llama.cpp defaults: top-k 40, top-p 0.95, min-p 0.05, temp 0.8
@@ -88,6 +88,40 @@ def test_greedy_argmax_path_equals_greedy_chain(smollm):
         ids, probs = fast.candidates(row)
         assert ids.tolist() == [int(np.argmax(row))] and probs.tolist() == [1.0]
     assert not TargetSampler(smollm, SamplerParams(temp=0.0, penalty_repeat=1.2))._argmax_only
+
+
+@pytest.mark.parametrize("params", [SamplerParams(temp=0.0), PARAMS[0], PARAMS[1], SamplerParams(temp=0.8, top_k=0, seed=12)],
+                         ids=["greedy", "defaults", "k5", "k-off"])
+def test_ignore_eos_bans_every_eog_token_and_fast_paths_equal_the_chain(smollm, params):
+    """ignore_eos = llama.cpp's --ignore-eos: -inf bias on every EOG token. The fast paths apply
+    the bans to a copy of the row; a reference with an extra 0.0 bias (which forces the full
+    chain, logit-bias member first) must give the same p and draws."""
+    eog = smollm.eog_tokens
+    assert eog and all(smollm.is_eog(t) for t in eog) and smollm.token_eos in eog
+    banned = ignore_eos_params(params, smollm)
+    assert {t for t, b in banned.logit_bias} == set(eog) and ignore_eos_params(banned, smollm) == banned
+    fast = TargetSampler(smollm, banned)
+    ref = TargetSampler(smollm, banned.replace(logit_bias=banned.logit_bias + ((11, 0.0),)))
+    assert (fast._argmax_only or fast._prefilter_k or params.top_k == 0) and not ref._argmax_only
+    assert ref._prefilter_k == 0
+    rows = _rows(smollm, 30, seed=3)
+    for row in rows:  # an EOG token on top of every row: it must never come out
+        row[eog[0]] = row.max() + 10.0
+    for row in rows:
+        keep = row.copy()
+        ids_f, p_f = (a.copy() for a in fast.candidates(row))
+        ids_r, p_r = ref.candidates(row)
+        np.testing.assert_array_equal(row, keep)  # the caller's row is not edited
+        np.testing.assert_array_equal(ids_f, ids_r)
+        np.testing.assert_array_equal(p_f, p_r)
+        assert not set(ids_f[p_f > 0].tolist()) & set(eog)
+        t_f, t_r = fast.sample(row), ref.sample(row)
+        assert t_f == t_r and t_f not in eog
+        fast.accept(t_f)
+        ref.accept(t_r)
+    plain = TargetSampler(smollm, params)  # without the bans the EOG token wins the greedy row
+    if params.greedy:
+        assert plain.sample(rows[0]) == eog[0]
 
 
 def test_candidates_init_top_k_breaks_ties_by_lower_id(smollm):

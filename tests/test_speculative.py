@@ -51,6 +51,31 @@ def test_greedy_draft_simple_equals_plain(pair, prompt):
     assert r.tokens == ref.tokens and r.stats.block_verifications == r.stats.verifications > 0
 
 
+EOS_PROMPT = "<|im_start|>user\nWhat is 2+2?<|im_end|>\n<|im_start|>assistant\n"  # smollm2 ends it after 12 tokens
+
+
+def test_ignore_eos_never_samples_an_eog_token(smollm):
+    """ignore_eos is llama.cpp's --ignore-eos: every EOG token is banned (logit bias -inf), not
+    merely not stopped at; the text up to where EOS was chosen is unchanged, and speculative
+    greedy decoding still equals plain."""
+    plain = SpeculativeGenerator(smollm, None, n_ctx=512)
+    spec = SpeculativeGenerator(smollm, DraftModelDrafter(smollm, n_ctx=512), n_ctx=512, n_max=3)
+    try:
+        free = plain.generate(EOS_PROMPT, sampling=GREEDY, n_predict=128)
+        assert free.stop_reason == "eos" and smollm.is_eog(free.tokens[-1]), free.text
+        n = len(free.tokens)
+        held = plain.generate(EOS_PROMPT, sampling=GREEDY, n_predict=n + 16, ignore_eos=True)
+        assert held.tokens[: n - 1] == free.tokens[: n - 1]
+        assert len(held.tokens) == n + 16 and not any(smollm.is_eog(t) for t in held.tokens)
+        sp = spec.generate(EOS_PROMPT, sampling=GREEDY, n_predict=n + 16, ignore_eos=True)
+        assert sp.tokens == held.tokens and sp.stats.accepted > 0
+        seeded = spec.generate(EOS_PROMPT, sampling=SamplerParams(temp=1.0, seed=3), n_predict=64, ignore_eos=True)
+        assert not any(smollm.is_eog(t) for t in seeded.tokens)
+    finally:
+        spec.close()
+        plain.close()
+
+
 @pytest.mark.parametrize("prompt", ["Hello world, this is", "Once upon a time"])
 def test_greedy_draft_mtp_equals_plain(mtp_pair, prompt):
     spec, plain = mtp_pair

@@ -19,7 +19,7 @@ def add_parser(sub: Any) -> None:
     g.add_argument("-p", "--prompt", default=None)
     g.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     g.add_argument("-n", "--n-predict", type=int, default=128)
-    g.add_argument("--ignore-eos", action="store_true")
+    g.add_argument("--ignore-eos", action="store_true", help="never sample an end-of-generation token (llama.cpp's --ignore-eos)")
     g.add_argument("--stats-json", default=None, metavar="FILE", help="write the run's counters as JSON")
     g.set_defaults(func=run, needs_prompt=True)
 
