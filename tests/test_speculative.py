@@ -76,6 +76,41 @@ def test_ignore_eos_never_samples_an_eog_token(smollm):
         plain.close()
 
 
+@pytest.mark.parametrize("with_drafter", [False, True], ids=["plain", "draft-simple"])
+def test_repeated_prompt_reuses_its_prefill_bit_for_bit(smollm, with_drafter):
+    """A prompt equal to the last freshly prefilled one decodes nothing at position 0 and gives the
+    tokens of a fresh generator; another prompt in between makes the next one fresh again."""
+    def make():
+        d = DraftModelDrafter(smollm, n_ctx=512) if with_drafter else None
+        return SpeculativeGenerator(smollm, d, n_ctx=512, n_max=3)
+
+    gen, fresh = make(), make()
+    calls: list[tuple[int, int]] = []
+    decode = gen.ctx.decode
+
+    def counting(tokens, pos, *a, **kw):
+        calls.append((len(tokens), int(pos[0])))
+        return decode(tokens, pos, *a, **kw)
+
+    gen.ctx.decode = counting  # type: ignore[method-assign]
+    prompt, other = PROMPTS[1], PROMPTS[0]
+    s = SamplerParams(temp=1.0, seed=5)
+    try:
+        ref = fresh.generate(prompt, sampling=s, n_predict=24).tokens
+        first = gen.generate(prompt, sampling=s, n_predict=24).tokens
+        n0 = len(calls)
+        again = gen.generate(prompt, sampling=s, n_predict=24).tokens
+        assert first == again == ref
+        assert all(pos > 0 for _, pos in calls[n0:])  # the prompt was not decoded again
+        gen.generate(other, sampling=s, n_predict=4)
+        n1 = len(calls)
+        assert gen.generate(prompt, sampling=s, n_predict=24).tokens == ref
+        assert calls[n1][1] == 0  # fresh prefill after another prompt
+    finally:
+        gen.close()
+        fresh.close()
+
+
 @pytest.mark.parametrize("prompt", ["Hello world, this is", "Once upon a time"])
 def test_greedy_draft_mtp_equals_plain(mtp_pair, prompt):
     spec, plain = mtp_pair

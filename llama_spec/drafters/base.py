@@ -67,6 +67,9 @@ class Drafter:
     params: SamplerParams | None = None  # the target's sampler settings of the current request
     seed: int = 0
     grammar_source: Callable[[], GrammarState | None] | None = None  # see bind_grammar
+    # True: observe() never reads the target context's outputs, so a repeated prompt may skip the
+    # target's prefill (restore_prompt + observe of the last token on stale outputs). Opt-in.
+    observe_without_target_outputs: bool = False
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:

@@ -49,6 +49,7 @@ class ChainDrafter(Drafter):
         self.vocab_size = vocab.pop() if vocab else 0
         self.counters: list[DrafterCounters] = [DrafterCounters() for _ in self.drafters]
         self.winner: int | None = None   # index of the member whose proposal is being verified
+        self.observe_without_target_outputs = all(d.observe_without_target_outputs for d in self.drafters)
 
     # -- statistics ---------------------------------------------------------------------------
     def member_names(self) -> list[str]:

@@ -48,6 +48,7 @@ class DraftModelDrafter(Drafter):
 
     # The loop decodes prompt[:-1], then [prompt[-1], drafts..] first (llama-speculative-simple's shapes).
     native_prompt_split = True
+    observe_without_target_outputs = True  # its own context only
 
     def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
         """Decode every target batch (tokens (n,) at pos0..) in this context too, in the same shape,

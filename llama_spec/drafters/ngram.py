@@ -84,6 +84,8 @@ _RNG_SALT = 0x6E67_7261   # the drafter's RNG is seeded apart from the target's 
 class _NgramDrafter(Drafter):
     """What the n-gram drafters share: the mode of a request, the RNG, walks over contexts."""
 
+    observe_without_target_outputs = True  # token ids only
+
     def __init__(self, *, deterministic: bool, greedy_pick: str, max_matches: int) -> None:
         if greedy_pick not in ("llama", "mode"):
             raise ValueError(f"greedy_pick must be 'llama' or 'mode', got {greedy_pick!r}")
