@@ -95,8 +95,16 @@ class Ours:
     def run(self, arm: str, prompt: str) -> dict:
         from llama_spec import SamplerParams
 
-        res = self.gen(arm).generate(prompt, sampling=SamplerParams(temp=self.args.temp), seed=self.args.seed,
-                                     n_predict=self.args.n_tokens)
+        g = self.gen(arm)
+        # ngram-mod's pool outlives a request (by design, as in llama.cpp's server): without a reset
+        # the second run of a prompt would draft from the first run's output, which the native tool
+        # (a fresh process per run) cannot. Every run starts from the prompt alone.
+        for d in getattr(g.drafter, "drafters", [g.drafter]):
+            pool = getattr(d, "pool", None)
+            if pool is not None:
+                pool.reset()
+        res = g.generate(prompt, sampling=SamplerParams(temp=self.args.temp), seed=self.args.seed,
+                         n_predict=self.args.n_tokens)
         st = res.stats
         return {"tps": st.decode_tps, "emitted": st.emitted, "drafted": st.drafted, "accepted": st.accepted,
                 "text": res.text}
