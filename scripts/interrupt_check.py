@@ -41,10 +41,16 @@ print("RESULT " + json.dumps({"t_caught": t_caught, "same_after": after == ref})
 """
 
 
+def _default_sigint() -> None:
+    # A child inherits an ignored SIGINT (Python then installs no KeyboardInterrupt handler): some
+    # parents ignore it, e.g. a pytest-xdist worker after some test in the suite (seen in CI).
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def api_check(model: str, n_prompt: int, delay: float = 1.0, timeout: float = 600) -> dict:
     """One child run: seconds from SIGINT to KeyboardInterrupt, and whether the next request is right."""
     p = subprocess.Popen([sys.executable, "-c", CHILD, model, str(n_prompt)], stdout=subprocess.PIPE,
-                         stderr=subprocess.DEVNULL, text=True)
+                         stderr=subprocess.DEVNULL, text=True, preexec_fn=_default_sigint)
     assert p.stdout is not None
     deadline = time.monotonic() + timeout
     for line in p.stdout:
@@ -73,7 +79,7 @@ def cli_check(model: str, timeout: float = 600) -> dict:
     p = subprocess.Popen([sys.executable, "-m", "llama_spec", "generate", "-m", model, "-c", "2048", "-t", "2",
                           "-p", "Écris une très longue histoire en français, avec des accents: ", "-n", "1500",
                           "--ignore-eos", "--temp", "0.8", "-s", "1"],
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, preexec_fn=_default_sigint)
     assert p.stdout is not None
     os.set_blocking(p.stdout.fileno(), True)
     got = p.stdout.read1(64) if hasattr(p.stdout, "read1") else p.stdout.read(64)
