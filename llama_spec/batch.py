@@ -11,7 +11,14 @@ Per ``step()`` (docs/design.md words):
 3. per sequence, in slot order: its drafter observes its rows, ``rules.choose`` and the rule
    decide on its rows' logits (a view), its rejected tail leaves its KV cells / recurrent state
    (``rollback(seq_id)``), its observers see the verification, and its drafter proposes the
-   next draft (draft-simple: each slot's drafter has its own context and drafts alone).
+   next draft.
+
+draft-simple through :class:`~llama_spec.drafters.draft_batch.DraftSimpleFactory` (what
+``llama-spec serve`` uses): the slots' drafters share one draft context and the proposals of every
+sequence are drafted together at the end of the step (one draft decode per draft depth), as
+llama.cpp's server does; step 3's observe is skipped (or, with ``observe_batches``, one draft
+decode for the whole group). Any other
+drafter (a factory returning independent drafters) observes and drafts slot by slot.
 
 Each sequence keeps its own target sampler, accept RNG, drafter, stop rules, SpecStats and
 rollback, and the same request objects as :class:`SpeculativeGenerator` (``build_request``,
@@ -26,6 +33,7 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import logging
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -36,6 +44,7 @@ import numpy as np
 from . import accept as _accept
 from .context import Context
 from .drafters.base import Drafter, Proposal
+from .drafters.draft_batch import DraftRequest, SharedDraftModel
 from .errors import SequenceError
 from .model import Model
 from .observers import Observer
@@ -46,6 +55,7 @@ from .stats import N_MAX_LIMIT, SpecStats
 
 __all__ = ["BatchGenerator", "BatchItem", "GenerationRequest", "generate_batch", "stream_batch"]
 
+log = logging.getLogger(__name__)
 BatchItem = tuple[int, TokenEvent | GenerationResult]
 _PAD = 256  # llama.cpp rounds every sequence's context up to a multiple of 256 cells
 
@@ -136,11 +146,16 @@ class BatchGenerator:
         self._carry: list[BatchItem] = []       # items of a step that raised a SequenceError
         self._errors: collections.deque[SequenceError] = collections.deque()
         self._next_id = 0
+        self._pending: list[tuple[_Seq, int]] = []  # (sequence, draft cap) to draft together (shared drafters)
         self.total = SpecStats()
 
     def _make_drafters(self, factory: Callable[[], Drafter] | None) -> None:
-        for _ in range(self.n_parallel):
-            d = factory() if factory is not None else None
+        make_slots = getattr(factory, "make_slots", None)  # DraftSimpleFactory: one shared draft context
+        if make_slots is not None:
+            made: list[Drafter | None] = list(make_slots(self.n_parallel))
+        else:
+            made = [factory() if factory is not None else None for _ in range(self.n_parallel)]
+        for d in made:
             self.drafters.append(d)
             if d is not None:
                 if d.vocab_size and d.vocab_size != self.model.n_vocab:
@@ -215,6 +230,7 @@ class BatchGenerator:
         out, self._carry = self._carry, []
         for s in [s for s in self._seqs.values() if not s.started]:
             self._guarded(s, out, self._start, s, out)
+        self._draft_pending(out)
         running = sorted((s for s in self._seqs.values() if s.started), key=lambda s: s.slot)
         group: list[_Seq] = []
         n_rows = 0
@@ -226,6 +242,7 @@ class BatchGenerator:
             n_rows += len(s.batch)
         if group:
             self._verify_group(group, out)
+        self._draft_pending(out)
         if self._errors:
             self._carry = out
             raise self._errors.popleft()
@@ -236,10 +253,14 @@ class BatchGenerator:
         try:
             fn(*args)
         except Exception as e:  # noqa: BLE001 - one sequence's failure must not stop the others
-            if s.rid in self._seqs:
-                self._release(s)
-            out[:] = [it for it in out if it[0] != s.rid]
-            self._errors.append(SequenceError(s.rid, e))
+            self._fail(s, out, e)
+
+    def _fail(self, s: _Seq, out: list[BatchItem], e: Exception) -> None:
+        """Drop a failed sequence (slot freed, its items of this step removed); queue its error."""
+        if s.rid in self._seqs:
+            self._release(s)
+        out[:] = [it for it in out if it[0] != s.rid]
+        self._errors.append(SequenceError(s.rid, e))
 
     def _start(self, s: _Seq, out: list[BatchItem]) -> None:
         """Prefill a new sequence alone and emit its first token (a verification without drafts)."""
@@ -280,6 +301,7 @@ class BatchGenerator:
         pos = np.concatenate([np.arange(s.pos0, s.pos0 + len(s.batch), dtype=np.int32) for s in group])
         seq_ids = np.concatenate([np.full(len(s.batch), s.slot, dtype=np.int32) for s in group])
         logits = self.ctx.decode_multi(tokens, pos, seq_ids, "all")   # (rows, n_vocab), batch order
+        self._observe_shared(group)
         row0 = 0
         for s in group:
             n = len(s.batch)
@@ -289,7 +311,7 @@ class BatchGenerator:
     def _verify_one(self, s: _Seq, logits: np.ndarray, row0: int, out: list[BatchItem]) -> None:
         """The solo loop's verification on this sequence's rows (logits: (k+1, n_vocab) view)."""
         req, v = s.req, s.req.v
-        if s.drafter is not None:
+        if s.drafter is not None and _shared(s.drafter) is None:
             s.drafter.observe(s.batch, s.pos0, _SeqRows(self.ctx, row0))  # type: ignore[arg-type]
         rule = choose(req.rule, self.rules["exact-match"], s.prop, req.sampler, req.switch)
         v.begin(s.pos0, s.batch, logits, s.prop, rule.name, len(s.em.tokens), False)
@@ -312,10 +334,53 @@ class BatchGenerator:
             if room < 0:
                 em.stop_reason = "context_full"
             else:
-                s.prop = self._propose(s, min(req.n_max, room, req.n_predict - len(em.tokens) - 1))
+                k_cap = min(req.n_max, room, req.n_predict - len(em.tokens) - 1)
+                if s.drafter is not None and _shared(s.drafter) is not None and k_cap > 0:
+                    s.prop, s.batch = Proposal(), np.asarray(em.history[-1:], dtype=np.int32)
+                    self._pending.append((s, k_cap))  # drafted with the other slots (_draft_pending)
+                    return
+                s.prop = self._propose(s, k_cap)
                 s.batch = np.asarray([em.history[-1], *s.prop.tokens], dtype=np.int32)
                 return
         self._finish(s, out)
+
+    # -- shared draft context (DraftSimpleFactory) -----------------------------------------------
+    def _observe_shared(self, group: list[_Seq]) -> None:
+        """The group's verification rows in every shared draft context, one decode per context."""
+        by: dict[int, tuple[SharedDraftModel, list[tuple[Any, np.ndarray, int]]]] = {}
+        for s in group:
+            sh = _shared(s.drafter)
+            if sh is not None and sh.observe_batches:
+                by.setdefault(id(sh), (sh, []))[1].append((s.drafter, s.batch, s.pos0))
+        for sh, items in by.values():
+            try:
+                sh.observe_many(items)
+            except Exception as e:  # noqa: BLE001 - drafts change speed only: re-sync them next draft
+                log.warning("draft decode of a batch failed (%s): the slots' drafts re-sync", e)
+
+    def _draft_pending(self, out: list[BatchItem]) -> None:
+        """Draft every queued sequence's next proposal, all slots of a shared context together."""
+        pending, self._pending = [s for s in self._pending if s[0].rid in self._seqs], []
+        by: dict[int, tuple[SharedDraftModel, list[tuple[_Seq, int]]]] = {}
+        for s, k in pending:
+            sh = _shared(s.drafter)
+            assert sh is not None
+            by.setdefault(id(sh), (sh, []))[1].append((s, k))
+        for sh, items in by.values():
+            reqs = [DraftRequest(s.drafter, s.em.history, k, s.req.p_min) for s, k in items]  # type: ignore[arg-type]
+            try:
+                props: list[Proposal | Exception] = list(sh.draft_many(reqs))
+            except Exception as e:  # noqa: BLE001 - no drafts this step; exactness is unaffected
+                log.warning("batched draft failed (%s): this step verifies no drafts", e)
+                for r in reqs:
+                    r.drafter.forget_after(0)
+                props = [Proposal() for _ in reqs]
+            for (s, _), prop in zip(items, props, strict=True):
+                if isinstance(prop, Exception):
+                    self._fail(s, out, prop)
+                    continue
+                s.prop = prop
+                s.batch = np.asarray([s.em.history[-1], *prop.tokens], dtype=np.int32)
 
     def _propose(self, s: _Seq, k_cap: int) -> Proposal:
         """The slot drafter's proposal, cut to k_cap tokens."""
@@ -386,6 +451,11 @@ class BatchGenerator:
         for i, item in self.run_batch(prompts, **kw):
             if isinstance(item, TokenEvent):
                 yield i, item
+
+
+def _shared(d: Drafter | None) -> SharedDraftModel | None:
+    """The shared draft context a slot drafter belongs to, if any."""
+    return getattr(d, "shared", None)
 
 
 def _build(target: Model, drafter_factory: Callable[[], Drafter] | None, n_parallel: int, n_ctx: int,

@@ -18,6 +18,7 @@ import pytest
 
 from llama_spec import DraftModelDrafter, SamplerParams, SpeculativeGenerator
 from llama_spec.batch import BatchGenerator, GenerationRequest
+from llama_spec.drafters.draft_batch import DraftSimpleFactory
 from llama_spec.errors import SequenceError
 from llama_spec.observers import PQLog
 
@@ -37,8 +38,12 @@ WARM = SamplerParams(temp=0.8)
 
 
 def _factory(model, mode):
+    """plain: no drafter; draft-simple: a drafter (and draft context) per slot; shared: the slots'
+    drafters share one draft context and draft together (DraftSimpleFactory, what serve uses)."""
     if mode == "plain":
         return None
+    if mode in ("shared", "shared-observe"):
+        return DraftSimpleFactory(model, n_ctx=N_CTX, n_threads=THREADS, observe_batches=mode == "shared-observe")
     return lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS)
 
 
@@ -65,14 +70,14 @@ def solo_cache():
 def _solo_tokens(cache, model, mode, reqs):
     out = []
     for r in reqs:
-        key = (mode, r.prompt, r.sampling.temp, r.seed, r.verify)
+        key = ("plain" if mode == "plain" else "draft", r.prompt, r.sampling.temp, r.seed, r.verify)
         if key not in cache:
             cache[key] = _solo(model, mode, r).tokens
         out.append(cache[key])
     return out
 
 
-@pytest.mark.parametrize("mode", ["plain", "draft-simple"])
+@pytest.mark.parametrize("mode", ["plain", "draft-simple", "shared", "shared-observe"])
 @pytest.mark.parametrize("n_parallel", [1, 2, 4])
 def test_greedy_batch_equals_solo(smollm, solo_cache, mode, n_parallel):
     reqs = _requests(GREEDY, n=6 if n_parallel > 1 else 3)
@@ -85,15 +90,41 @@ def test_greedy_batch_equals_solo(smollm, solo_cache, mode, n_parallel):
         gen.close()
     assert [r.tokens for r in got] == want  # in order, none lost, duplicated or crossed
     assert all(len(t) == N_PREDICT for t in want)
-    if mode == "draft-simple":
+    if mode != "plain":
         assert sum(r.stats.drafted for r in got) > 0
 
 
+@pytest.mark.parametrize("mode", ["shared", "shared-observe"])
+def test_shared_draft_context_drafts_every_slot_in_one_decode_per_depth(smollm, mode):
+    # 4 slots, n_max 3: a step's draft work is (1 observe decode with observe_batches) + 1 sync decode
+    # + <= 2 depth decodes for all slots together (per-slot drafting: 4x that); prefills go slot by slot.
+    n_max = 3
+    gen = BatchGenerator(smollm, _factory(smollm, mode), n_parallel=4, n_ctx=N_CTX, n_threads=THREADS,
+                         n_max=n_max)
+    try:
+        shared = gen.drafters[0].shared
+        assert shared is not None and all(d.shared is shared for d in gen.drafters)
+        for r in _requests(GREEDY, n=4):
+            gen.add(r)
+        steps, results = 0, []
+        while gen.has_work():
+            results += [it for _, it in gen.step() if not hasattr(it, "token")]
+            steps += 1
+    finally:
+        gen.close()
+    assert len(results) == 4 and all(r.stats.drafted > 0 for r in results)
+    assert steps >= N_PREDICT // (n_max + 1)
+    per_step = n_max + (mode == "shared-observe")
+    assert 0 < shared.n_decodes <= steps * per_step + n_max
+    assert shared.ctx.closed
+
+
+@pytest.mark.parametrize("mode", ["draft-simple", "shared"])
 @pytest.mark.parametrize("verify", ["exact-match", "token", "block"])
-def test_sampled_batch_equals_solo_every_rule(smollm, solo_cache, verify):
+def test_sampled_batch_equals_solo_every_rule(smollm, solo_cache, verify, mode):
     reqs = _requests(WARM, verify=verify)
     want = _solo_tokens(solo_cache, smollm, "draft-simple", reqs)
-    gen = BatchGenerator(smollm, _factory(smollm, "draft-simple"), n_parallel=4, n_ctx=N_CTX, n_threads=THREADS)
+    gen = BatchGenerator(smollm, _factory(smollm, mode), n_parallel=4, n_ctx=N_CTX, n_threads=THREADS)
     try:
         got = gen.generate_batch(reqs)
     finally:
@@ -105,12 +136,13 @@ def test_sampled_batch_equals_solo_every_rule(smollm, solo_cache, verify):
     assert len({tuple(t) for t in want}) == len(want)
 
 
-def test_pq_logs_of_a_sequence_in_a_batch_of_4_equal_solo(smollm):
+@pytest.mark.parametrize("mode", ["draft-simple", "shared"])
+def test_pq_logs_of_a_sequence_in_a_batch_of_4_equal_solo(smollm, mode):
     reqs = _requests(WARM, verify="token", n=4)
     solo_log = PQLog()
     solo = _solo(smollm, "draft-simple", reqs[2], observers=[solo_log])
     logs = [PQLog() for _ in reqs]
-    gen = BatchGenerator(smollm, _factory(smollm, "draft-simple"), n_parallel=4, n_ctx=N_CTX, n_threads=THREADS)
+    gen = BatchGenerator(smollm, _factory(smollm, mode), n_parallel=4, n_ctx=N_CTX, n_threads=THREADS)
     try:
         ids = [gen.add(r, observers=[log]) for r, log in zip(reqs, logs, strict=True)]
         results = {}

@@ -12,6 +12,7 @@ from typing import Any
 
 from ..drafters.base import Drafter
 from ..drafters.chain import ChainDrafter
+from ..drafters.draft_batch import DraftSimpleFactory
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_drafter, parse_spec_types
@@ -109,6 +110,10 @@ def drafter_factory(ns: argparse.Namespace, target: Model, types: list[str]
     for t in types:  # refuse unknown / unimplemented types before anything is generated
         if t not in ("draft-simple", "draft-mtp", *NGRAM_SPEC_TYPES):
             raise ValueError(f"--spec-type {t!r} is not implemented here")
+
+    if types == ["draft-simple"]:  # a BatchGenerator (serve) gives its slots one shared draft context
+        assert dmodel is not None
+        return DraftSimpleFactory(dmodel, n_ctx=ns.ctx_size, n_threads=ns.threads, n_max=ns.spec_draft_n_max), closers
 
     def make() -> Drafter:
         members = [one(t) for t in types]

@@ -8,6 +8,8 @@ so q is known (docs/design.md invariant 8).
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import numpy as np
 
 from ..context import Context
@@ -18,24 +20,33 @@ from .base import Drafter, Proposal
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng
 
+if TYPE_CHECKING:
+    from .draft_batch import SharedDraftModel
+
 
 class DraftModelDrafter(Drafter):
     name = "draft-simple"
+    shared: SharedDraftModel | None = None  # set when its context is a batch's shared one (draft_batch.py)
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
-                 sample: bool = True, seed: int = 0, n_max: int | None = None) -> None:
+                 sample: bool = True, seed: int = 0, n_max: int | None = None, context: Context | None = None,
+                 seq_id: int = 0) -> None:
         # n_max: this drafter's own draft cap (llama.cpp's --spec-draft-n-max inside a chain whose
-        # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only
+        # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only.
+        # context/seq_id: draft in sequence seq_id of a context owned elsewhere (SharedDraftModel,
+        # drafters/draft_batch.py); None = a context of its own, freed by close().
         if n_max is not None and not 1 <= int(n_max) <= 64:
             raise ValueError(f"n_max must be in [1, 64], got {n_max}")
         self.n_max_cap = None if n_max is None else int(n_max)
         self.model = model
         self.vocab_size = model.n_vocab
-        self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
+        self._owns_ctx = context is None
+        self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads) if context is None else context
+        self.seq_id = int(seq_id)
         self.mirror = MirrorSampler(model.n_vocab, model, seed)
         self.sample_drafts = sample
         self.collect_topk = False
-        self._kv: list[int] = []
+        self._kv: list[int] = []     # the tokens in seq_id's KV cells, position by position
         self._ctx_args = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
         self._tree_rng = new_tree_rng(seed)
 
@@ -53,22 +64,28 @@ class DraftModelDrafter(Drafter):
     def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
         """Decode every target batch (tokens (n,) at pos0..) in this context too, in the same shape,
         last row out: llama.cpp's draft-simple process(); the KV then matches native's bit for bit."""
-        self.ctx.rollback(0, pos0)   # the drafter's own single-token steps (and rejected drafts) go
-        del self._kv[pos0:]
-        if len(self._kv) != pos0:    # a gap (should not happen): let the lazy sync rebuild it
+        if not self.forget_after(pos0):
             return
         if len(tokens) <= self.ctx.n_batch:
-            self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, "last")
+            self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), self.seq_id, "last")
         else:
-            self.ctx.prefill(tokens.tolist(), start_pos=pos0)
+            self.ctx.prefill(tokens.tolist(), self.seq_id, start_pos=pos0)
         self._kv.extend(int(t) for t in tokens)
+
+    def forget_after(self, pos0: int) -> bool:
+        """Drop the cells from pos0 on (the drafter's own single-token steps, rejected drafts);
+        False when the KV stops before pos0 (a gap, which should not happen: the lazy sync fills it)."""
+        self.ctx.rollback(self.seq_id, pos0)
+        del self._kv[pos0:]
+        return len(self._kv) == pos0
 
     def begin(self, prompt: list[int]) -> None:
         # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
         pass
 
-    def _sync(self, history: list[int]) -> np.ndarray:
-        """Make the KV hold history[:-1] + decode history[-1]; return its logits row."""
+    def sync_plan(self, history: list[int]) -> tuple[int, list[int]]:
+        """Drop the cells past the longest prefix the KV shares with history[:-1]; return (c, todo):
+        todo = history[c:] must be decoded at c.. (usually one token) before drafting."""
         kv = self._kv
         c = min(len(kv), len(history) - 1)
         # Divergence is only ever near the end (rejected drafts); scan a short window.
@@ -77,25 +94,35 @@ class DraftModelDrafter(Drafter):
                 c = i
                 break
         # roll back even when c == len(kv): a decode interrupted (Ctrl-C) may have left cells past kv
-        self.ctx.rollback(0, c)
+        self.ctx.rollback(self.seq_id, c)
         del kv[c:]
-        todo = history[c:]
-        row = self.ctx.prefill(todo, start_pos=c)
-        kv.extend(todo)
+        return c, history[c:]
+
+    def _sync(self, history: list[int]) -> np.ndarray:
+        """Make the KV hold history[:-1] + decode history[-1]; return its logits row."""
+        c, todo = self.sync_plan(history)
+        row = self.ctx.prefill(todo, self.seq_id, start_pos=c)
+        self._kv.extend(todo)
         return row
 
+    def new_builder(self, p_min: float) -> ProposalBuilder:
+        """The builder of one proposal: q from the mirror, masked like p (DESIGN invariant 3)."""
+        return ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min,
+                               grammar=self.grammar_clone())
+
+    def cap(self, n_max: int) -> int:
+        return n_max if self.n_max_cap is None else min(n_max, self.n_max_cap)
+
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
-        if self.n_max_cap is not None:
-            n_max = min(n_max, self.n_max_cap)
-        build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min,
-                                grammar=self.grammar_clone())  # q masked like p (DESIGN invariant 3)
+        n_max = self.cap(n_max)
+        build = self.new_builder(p_min)
         row = self._sync(history)
         for i in range(n_max):
             tok = build.add(row)
             if tok is None:
                 break
             if i + 1 < n_max:
-                row = self.ctx.decode([tok], [len(self._kv)], 0, "last")[0]
+                row = self.ctx.decode([tok], [len(self._kv)], self.seq_id, "last")[0]
                 self._kv.append(tok)
         return build.finish()
 
@@ -103,6 +130,9 @@ class DraftModelDrafter(Drafter):
     def enable_tree(self, shape: tuple[int, ...]) -> None:
         """Before any decode: give the draft context one sequence per path of `shape` (+ seq 0, the
         committed tokens) in a unified KV cache. ValueError if the draft model cannot branch."""
+        if not self._owns_ctx:
+            raise ValueError("tree: a draft-simple drafter sharing a batch's draft context cannot branch "
+                             "(trees run in SpeculativeGenerator, with a drafter of its own)")
         if self.model.is_recurrent or self.model.is_hybrid:
             raise ValueError(f"tree: the draft model {self.model.path} is recurrent/hybrid: a tree needs one "
                              "recurrent state per path, which llama.cpp cannot branch (docs/trees.md)")
@@ -136,4 +166,7 @@ class DraftModelDrafter(Drafter):
         return build.prop
 
     def close(self) -> None:
-        self.ctx.close()
+        if self._owns_ctx:
+            self.ctx.close()
+        elif self.shared is not None:  # the first slot to close frees the shared context
+            self.shared.close()
