@@ -8,6 +8,14 @@ seeds), one server then the other (the order alternates per round). Aggregate t/
 tokens / wall time of the whole burst. Reported: per-C medians, ours/native, and ours at C=4
 over ours at C=1 (goals: >= 0.95x native at each C, >= 2.2x our single stream at C=4).
 
+Native ``llama-server`` gets ``--spec-type draft-simple`` explicitly: this llama.cpp speculates
+with ``-md`` alone only when the draft GGUF names a speculative type in its metadata, so without it
+the native server decodes plainly with the draft loaded and unused (sessions before 6 measured that
+by mistake). Every response's draft counts are summed per server (native: ``timings.draft_n`` /
+``draft_n_accepted``; ours: the ``speculative`` object) and a speculating server that drafted
+nothing is an error. ``--plain`` adds both servers without a draft model (plain batched decoding)
+as a reference.
+
 The native server is ``--native-server PATH``, else built from the same pinned source with
 ``build_llama.build_tools(["llama-server"])`` -- which needs a build directory configured with
 ``LLAMA_BUILD_SERVER=ON`` (the package's CPU build configures it OFF: pass a path, or use
@@ -69,10 +77,11 @@ def _pipe_log(p: subprocess.Popen, tag: str, quiet: bool) -> None:
     threading.Thread(target=pump, daemon=True).start()
 
 
-def start_ours(a: argparse.Namespace, target: Path, draft: Path, port: int) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "llama_spec", "serve", "-m", str(target), "-md", str(draft),
+def start_ours(a: argparse.Namespace, target: Path, draft: Path | None, port: int) -> subprocess.Popen:
+    spec = ["-md", str(draft), "--spec-draft-n-max", str(a.n_max)] if draft is not None else []
+    cmd = [sys.executable, "-m", "llama_spec", "serve", "-m", str(target), *spec,
            "--parallel", str(a.parallel), "-c", str(a.ctx), "-t", str(a.threads), "--port", str(port),
-           "--spec-draft-n-max", str(a.n_max), "--queue-size", str(4 * a.parallel)]
+           "--queue-size", str(4 * a.parallel)]
     if a.no_repack:
         cmd.append("-nr")
     p = subprocess.Popen(cmd, stderr=subprocess.PIPE, text=True, cwd=ROOT)
@@ -80,11 +89,13 @@ def start_ours(a: argparse.Namespace, target: Path, draft: Path, port: int) -> s
     return p
 
 
-def start_native(a: argparse.Namespace, binary: Path, target: Path, draft: Path, port: int) -> subprocess.Popen:
+def start_native(a: argparse.Namespace, binary: Path, target: Path, draft: Path | None, port: int) -> subprocess.Popen:
     # llama-server divides -c among the slots: give it parallel x the per-slot context we use.
-    cmd = [str(binary), "-m", str(target), "-md", str(draft), "--parallel", str(a.parallel),
+    # --spec-type: without it this llama-server loads -md but does not speculate (module docstring).
+    spec = ["-md", str(draft), "--spec-type", "draft-simple", "--spec-draft-n-max", str(a.n_max)] if draft else []
+    cmd = [str(binary), "-m", str(target), *spec, "--parallel", str(a.parallel),
            "-c", str(a.ctx * a.parallel), "-t", str(a.threads), "--host", "127.0.0.1", "--port", str(port),
-           "--spec-draft-n-max", str(a.n_max), "--no-webui"]
+           "--no-webui"]
     if a.no_repack:
         cmd.append("-nr")
     env = dict(os.environ, LLAMA_LOG_COLORS="0")
@@ -93,22 +104,34 @@ def start_native(a: argparse.Namespace, binary: Path, target: Path, draft: Path,
     return p
 
 
-def one(url: str, i: int, a: argparse.Namespace, seed: int) -> int:
+def draft_counts(js: dict) -> tuple[int, int]:
+    """(drafted, accepted) of one completion response: ours' ``speculative``, native's ``timings``."""
+    sp = js.get("speculative")
+    if isinstance(sp, dict):
+        return int(sp.get("drafted", 0)), int(sp.get("accepted", 0))
+    t = js.get("timings") or {}
+    return int(t.get("draft_n", 0)), int(t.get("draft_n_accepted", 0))
+
+
+def one(url: str, i: int, a: argparse.Namespace, seed: int) -> tuple[int, int, int]:
+    """(completion tokens, drafted, accepted) of one completion."""
     body = {"prompt": PROMPTS[i % len(PROMPTS)], "max_tokens": a.n_tokens, "temperature": a.temp,
             "seed": seed, "ignore_eos": True}
     r = httpx.post(url + "/v1/completions", json=body, timeout=a.timeout)
     r.raise_for_status()
-    return int(r.json()["usage"]["completion_tokens"])
+    js = r.json()
+    return (int(js["usage"]["completion_tokens"]), *draft_counts(js))
 
 
-def burst(url: str, c: int, a: argparse.Namespace, round_no: int) -> float:
-    """C clients x --requests completions each; aggregate completion tokens per second."""
-    def client(k: int) -> int:
-        return sum(one(url, k * a.requests + j, a, 1000 * round_no + 10 * k + j) for j in range(a.requests))
+def burst(url: str, c: int, a: argparse.Namespace, round_no: int) -> tuple[float, int, int]:
+    """C clients x --requests completions each: (aggregate completion tokens per second, drafted, accepted)."""
+    def client(k: int) -> list[tuple[int, int, int]]:
+        return [one(url, k * a.requests + j, a, 1000 * round_no + 10 * k + j) for j in range(a.requests)]
     t0 = time.perf_counter()
     with ThreadPoolExecutor(c) as ex:
-        n = sum(ex.map(client, range(c)))
-    return n / (time.perf_counter() - t0)
+        rows = [x for xs in ex.map(client, range(c)) for x in xs]
+    dt = time.perf_counter() - t0
+    return sum(r[0] for r in rows) / dt, sum(r[1] for r in rows), sum(r[2] for r in rows)
 
 
 def resolve(name: str) -> Path:
@@ -165,11 +188,16 @@ def native_binary(a: argparse.Namespace) -> Path | None:
         return None
 
 
-def report(res: dict[str, dict[int, list[float]]], conc: list[int]) -> dict:
-    out: dict = {"concurrency": conc, "median_tps": {}, "ratio_vs_native": {}}
+def report(res: dict[str, dict[int, list[float]]], conc: list[int], drafts: dict[str, tuple[int, int]]) -> dict:
+    out: dict = {"concurrency": conc, "median_tps": {}, "ratio_vs_native": {}, "spread": {}, "acceptance": {}}
     for name, per in res.items():
         out["median_tps"][name] = {c: statistics.median(v) for c, v in per.items()}
+        out["spread"][name] = {c: [min(v), max(v)] for c, v in per.items()}
     med = out["median_tps"]
+    for name, (dr, ac) in drafts.items():
+        out["acceptance"][name] = {"drafted": dr, "accepted": ac, "rate": ac / dr if dr else None}
+        if not name.endswith("-plain"):
+            print(f"{name}: drafted {dr}, accepted {ac} ({ac / max(dr, 1):.1%})")
     print(f"\naggregate t/s\n{'C':>3} " + " ".join(f"{n:>12}" for n in med) + ("   ours/native" if "native" in med else ""))
     for c in conc:
         row = f"{c:>3} " + " ".join(f"{med[n][c]:>12.2f}" for n in med)
@@ -180,6 +208,9 @@ def report(res: dict[str, dict[int, list[float]]], conc: list[int]) -> dict:
     if 1 in med["ours"] and 4 in med["ours"]:
         out["ours_c4_over_c1"] = med["ours"][4] / med["ours"][1]
         print(f"ours C=4 / C=1: {out['ours_c4_over_c1']:.2f}x (goal >= 2.2x)")
+    if "ours-plain" in med and "native-plain" in med:
+        out["plain_ratio_vs_native"] = {c: med["ours-plain"][c] / med["native-plain"][c] for c in conc}
+        print("plain ours/native: " + ", ".join(f"C={c} {r:.3f}x" for c, r in out["plain_ratio_vs_native"].items()))
     return out
 
 
@@ -201,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--build-native", action="store_true",
                     help="build llama-server from the pinned source in a separate cmake folder (niced, cached)")
     ap.add_argument("--timeout", type=float, default=1200)
+    ap.add_argument("--plain", action="store_true", help="also both servers without a draft model (plain batching)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 0.5B <- 0.5B, C=1,2, 16 tokens, 1 round")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -211,13 +243,15 @@ def main(argv: list[str] | None = None) -> int:
     a.parallel = max(conc)
     target, draft = resolve(a.model), resolve(a.model_draft)
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
-    port = free_port()
-    servers["ours"] = (start_ours(a, target, draft, port), f"http://127.0.0.1:{port}")
     binary = native_binary(a)
-    if binary is not None:
+    for suffix, d in [("", draft), *([("-plain", None)] if a.plain else [])]:
         port = free_port()
-        servers["native"] = (start_native(a, binary, target, draft, port), f"http://127.0.0.1:{port}")
+        servers["ours" + suffix] = (start_ours(a, target, d, port), f"http://127.0.0.1:{port}")
+        if binary is not None:
+            port = free_port()
+            servers["native" + suffix] = (start_native(a, binary, target, d, port), f"http://127.0.0.1:{port}")
     res: dict[str, dict[int, list[float]]] = {n: {c: [] for c in conc} for n in servers}
+    drafts = {n: [0, 0] for n in servers}
     try:
         for name, (p, url) in servers.items():
             wait_up(p, url, name)
@@ -226,10 +260,15 @@ def main(argv: list[str] | None = None) -> int:
             order = list(servers) if r % 2 == 0 else list(reversed(servers))
             for c in conc:
                 for name in order:
-                    tps = burst(servers[name][1], c, a, r)
+                    tps, dr, ac = burst(servers[name][1], c, a, r)
                     res[name][c].append(tps)
-                    print(f"round {r} C={c} {name}: {tps:.2f} t/s (load {os.getloadavg()[0]:.2f})", file=sys.stderr)
-        out = report(res, conc)
+                    drafts[name][0] += dr
+                    drafts[name][1] += ac
+                    print(f"round {r} C={c} {name}: {tps:.2f} t/s, accepted {ac}/{dr} "
+                          f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr)
+                    if not name.endswith("-plain") and dr == 0:
+                        raise SystemExit(f"{name} drafted nothing: it is not speculating (see the docstring)")
+        out = report(res, conc, {n: (v[0], v[1]) for n, v in drafts.items()})
         out.update(model=str(target), draft=str(draft), n_tokens=a.n_tokens, temp=a.temp, threads=a.threads,
                    rounds=a.rounds, requests=a.requests, raw=res, load=os.getloadavg())
         if a.json:
