@@ -492,3 +492,35 @@ def test_greedy_chain_equals_plain_decoding(smollm, plain_tokens):
     assert s["ngram-mod"]["verifications"] + s["ngram-simple"]["verifications"] > 0
     assert sum(v["drafted"] for v in s.values()) == res.stats.drafted
     assert sum(v["accepted"] for v in s.values()) == res.stats.accepted
+
+
+class _FirstN(Drafter):
+    """Proposes [its token] for its first `n` drafts, then nothing (a stand-in n-gram drafter)."""
+
+    def __init__(self, n, token):
+        self.name, self.n, self.token = "first-n", n, token
+
+    def draft(self, history, n_max, p_min):
+        self.n -= 1
+        return Proposal(tokens=[self.token] if self.n >= 0 else [], q_ids=None, q_probs=None)
+
+
+def test_chain_draft_simple_member_decodes_nothing_while_another_member_wins(smollm, plain_tokens):
+    # The chain turns its draft-simple member's observe off: while the first member wins, the draft
+    # context holds nothing new; at its first turn its lazy sync catches up on the whole history
+    # in one prefill, and the output is still plain decoding's (drafts change speed only).
+    from llama_spec.drafters.draft_model import DraftModelDrafter
+
+    ds = DraftModelDrafter(smollm, n_ctx=1024)
+    calls = []
+    real_prefill = ds.ctx.prefill
+    ds.ctx.prefill = lambda toks, *a, **k: (calls.append(len(toks)), real_prefill(toks, *a, **k))[1]
+    chain = ChainDrafter([_FirstN(6, plain_tokens[0]), ds])
+    assert ds.observe_batches is False
+    res = _greedy_run(smollm, chain)
+    assert res.tokens == plain_tokens
+    s = chain.stats_by_drafter()
+    assert s["first-n"]["verifications"] == 6 and s["draft-simple"]["verifications"] > 0
+    # the first prefill is the catch-up: the prompt plus the 6 n-gram rounds' tokens, in one call
+    assert calls[0] >= 7 and all(c <= 2 for c in calls[1:])
+    assert ds._kv == res.prompt_tokens + res.tokens[: len(ds._kv) - len(res.prompt_tokens)]

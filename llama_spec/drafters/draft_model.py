@@ -30,11 +30,13 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  sample: bool = True, seed: int = 0, n_max: int | None = None, context: Context | None = None,
-                 seq_id: int = 0) -> None:
+                 seq_id: int = 0, observe_batches: bool = True) -> None:
         # n_max: this drafter's own draft cap (llama.cpp's --spec-draft-n-max inside a chain whose
         # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only.
         # context/seq_id: draft in sequence seq_id of a context owned elsewhere (SharedDraftModel,
         # drafters/draft_batch.py); None = a context of its own, freed by close().
+        # observe_batches: decode every target batch as llama.cpp does (its KV shapes, bit for bit);
+        # False = only the lazy sync before each draft (a chain member that rarely drafts, say).
         if n_max is not None and not 1 <= int(n_max) <= 64:
             raise ValueError(f"n_max must be in [1, 64], got {n_max}")
         self.n_max_cap = None if n_max is None else int(n_max)
@@ -43,6 +45,7 @@ class DraftModelDrafter(Drafter):
         self._owns_ctx = context is None
         self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads) if context is None else context
         self.seq_id = int(seq_id)
+        self.observe_batches = bool(observe_batches)
         self.mirror = MirrorSampler(model.n_vocab, model, seed)
         self.sample_drafts = sample
         self.collect_topk = False
@@ -63,8 +66,9 @@ class DraftModelDrafter(Drafter):
 
     def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
         """Decode every target batch (tokens (n,) at pos0..) in this context too, in the same shape,
-        last row out: llama.cpp's draft-simple process(); the KV then matches native's bit for bit."""
-        if not self.forget_after(pos0):
+        last row out: llama.cpp's draft-simple process(); the KV then matches native's bit for bit.
+        With observe_batches False nothing happens here: the next draft's sync decodes what is missing."""
+        if not self.observe_batches or not self.forget_after(pos0):
             return
         if len(tokens) <= self.ctx.n_batch:
             self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), self.seq_id, "last")
