@@ -206,8 +206,8 @@ def test_wheel_cublas_links_rpath_and_notes(tmp_path, monkeypatch):
     args = cfg.cmake_args()
     assert f"-DCUDA_cublas_LIBRARY={links / 'libcublas.so'}" in args
     assert f"-DCUDA_cublasLt_LIBRARY={links / 'libcublasLt.so'}" in args
-    assert f"-DCMAKE_CUDA_FLAGS=-I{lib.parent / 'include'}" in args
-    assert cfg.cxx_flags() == [f"-I{lib.parent / 'include'}"]
+    assert f"-DCMAKE_CUDA_FLAGS=-I{links / 'include'}" in args   # the mtime-stable copy of the headers
+    assert cfg.cxx_flags() == [f"-I{links / 'include'}"]
     # run time: the wheel next to llama_spec/ in site-packages, the wheel found now, the toolkit's cudart
     assert cfg.rpath() == ["$ORIGIN", "$ORIGIN/../../nvidia/cu13/lib", str(lib),
                            str(tmp_path / "cuda" / "targets" / "x86_64-linux" / "lib")]
@@ -215,9 +215,33 @@ def test_wheel_cublas_links_rpath_and_notes(tmp_path, monkeypatch):
     assert (links / "libcublas.so").resolve() == (lib / "libcublas.so.13").resolve()
     assert (links / "libcublasLt.so").resolve() == (lib / "libcublasLt.so.13").resolve()
     cfg.prepare()                                            # idempotent
+    assert (links / "include" / "cublas_v2.h").read_text() == ""
     notes = "\n".join(cfg.notes())
     assert "nvcc: " in notes and "CUDA 13.0, from CUDA_HOME" in notes
     assert f"cuBLAS: nvidia-cublas wheel at {lib}" in notes and "CUDA architectures: 90" in notes
+
+
+def test_reinstalled_wheel_headers_do_not_touch_the_build_copy(tmp_path, monkeypatch):
+    # A fresh venv reinstalls the wheel: same bytes, new mtimes. The copy the compiler sees keeps its
+    # mtime (ninja rebuilds nothing); a header whose bytes change is rewritten.
+    cfg = _config(tmp_path, monkeypatch, stub=False)
+    inc = tmp_path / "site-packages" / "nvidia" / "cu13" / "include"
+    (inc / "sub").mkdir()
+    (inc / "sub" / "cublas_api.h").write_text("int v1;")
+    cfg.prepare()
+    copy = cfg.build_include_dir()
+    old = 1_000_000_000
+    for f in copy.rglob("*.h"):
+        os.utime(f, (old, old))
+    for f in inc.rglob("*.h"):                      # the reinstall: rewritten, same bytes
+        f.write_bytes(f.read_bytes())
+    cfg.prepare()
+    assert all(f.stat().st_mtime == old for f in copy.rglob("*.h"))
+    (inc / "sub" / "cublas_api.h").write_text("int v2;")
+    cfg.prepare()
+    assert (copy / "sub" / "cublas_api.h").read_text() == "int v2;"
+    assert (copy / "sub" / "cublas_api.h").stat().st_mtime != old
+    assert (copy / "cublas_v2.h").stat().st_mtime == old
 
 
 def test_full_cmake_line_cuda_and_cpu_unchanged(tmp_path, monkeypatch):
@@ -229,7 +253,7 @@ def test_full_cmake_line_cuda_and_cpu_unchanged(tmp_path, monkeypatch):
     monkeypatch.setenv("LLAMA_SPEC_BACKEND", "cuda")
     cuda = bl.cmake_args(Path("/src"), Path("/b"))
     no_amx = "-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
-    assert f"-DCMAKE_CXX_FLAGS={no_amx} -I{cfg.cublas.include_dir}" in cuda
+    assert f"-DCMAKE_CXX_FLAGS={no_amx} -I{cfg.build_include_dir()}" in cuda
     assert f"-DCMAKE_INSTALL_RPATH={';'.join(cfg.rpath())}" in cuda
     assert cuda[-len(cfg.cmake_args()):] == cfg.cmake_args()
     monkeypatch.setenv("CMAKE_ARGS", "-DGGML_CUDA_NO_VMM=OFF")   # the user's arguments come last and win
