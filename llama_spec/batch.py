@@ -455,7 +455,8 @@ class BatchGenerator:
 
 def _shared(d: Drafter | None) -> SharedDraftModel | None:
     """The shared draft context a slot drafter belongs to, if any."""
-    return getattr(d, "shared", None)
+    sh = getattr(d, "shared", None)
+    return sh if isinstance(sh, SharedDraftModel) else None
 
 
 def _build(target: Model, drafter_factory: Callable[[], Drafter] | None, n_parallel: int, n_ctx: int,

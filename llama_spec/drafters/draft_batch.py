@@ -84,24 +84,15 @@ class SharedDraftModel:
         On a decode failure the slots' KV bookkeeping is cleared (their next draft re-syncs from
         position 0): drafts only change speed, never what is emitted.
         """
-        rows = [(d, t, p) for d, t, p in items if d.forget_after(p)]
+        rows = [(d, t) for d, t, p in items if d.forget_after(p)]
         if not rows:
             return
         try:
-            for chunk in _chunks(rows, self.ctx.n_batch):
-                toks = np.concatenate([t for _, t, _ in chunk]).astype(np.int32, copy=False)
-                pos = np.concatenate([np.arange(p, p + len(t), dtype=np.int32) for _, t, p in chunk])
-                seq = np.concatenate([np.full(len(t), d.seq_id, dtype=np.int32) for d, t, _ in chunk])
-                out = np.zeros(len(toks), dtype=bool)
-                out[-1] = True
-                self.ctx.decode_multi(toks, pos, seq, out)
-                self.n_decodes += 1
+            self._decode_joint([d for d, _ in rows], [[int(x) for x in t] for _, t in rows])
         except Exception:
-            for d, _, _ in rows:
+            for d, _ in rows:
                 d.forget_after(0)
             raise
-        for d, t, _ in rows:
-            d._kv.extend(int(x) for x in t)
 
     def draft_many(self, reqs: Sequence[DraftRequest]) -> list[Proposal | Exception]:
         """Every request's proposal, drafting all slots together: one decode for the slots' sync
@@ -132,7 +123,8 @@ class SharedDraftModel:
                 rows[i] = r.drafter.ctx.prefill(todos[i], r.drafter.seq_id, start_pos=c).copy()
                 r.drafter._kv.extend(todos[i])
         if joint:
-            self._decode_rows(reqs, joint, [todos[i] for i in joint], rows)
+            got = self._decode_joint([reqs[i].drafter for i in joint], [todos[i] for i in joint])
+            rows.update(zip(joint, got, strict=True))
         depth = 0
         while rows:
             nxt: list[int] = []
@@ -151,50 +143,37 @@ class SharedDraftModel:
             rows = {}
             depth += 1
             if nxt:
-                self._decode_rows(reqs, nxt, [[t] for t in toks], rows)
+                rows = dict(zip(nxt, self._decode_joint([reqs[i].drafter for i in nxt], [[t] for t in toks]),
+                                strict=True))
         for i, b in enumerate(builds):
             if b is not None:
                 out[i] = b.finish()
         return out
 
-    def _decode_rows(self, reqs: Sequence[DraftRequest], idx: list[int], toks: list[list[int]],
-                     rows: dict[int, np.ndarray]) -> None:
-        """Decode toks[j] at the end of reqs[idx[j]]'s KV, all in one batch (several when over
-        n_batch); the last row of each (a copy) goes to rows[idx[j]]."""
+    def _decode_joint(self, ds: list[DraftModelDrafter], toks: list[list[int]]) -> list[np.ndarray]:
+        """Decode toks[j] at the end of ds[j]'s KV, all in one batch (several when over n_batch; a
+        longer one alone); return each one's last row (a copy: the view dies with the next decode)."""
+        out: list[np.ndarray] = []
         start = 0
-        while start < len(idx):
+        while start < len(ds):
             end, n = start, 0
-            while end < len(idx) and (end == start or n + len(toks[end]) <= self.ctx.n_batch):
+            while end < len(ds) and (end == start or n + len(toks[end]) <= self.ctx.n_batch):
                 n += len(toks[end])
                 end += 1
             part = range(start, end)
-            ds = [reqs[idx[j]].drafter for j in part]
             tok = np.concatenate([np.asarray(toks[j], dtype=np.int32) for j in part])
-            pos = np.concatenate([np.arange(len(d._kv), len(d._kv) + len(toks[j]), dtype=np.int32)
-                                  for j, d in zip(part, ds, strict=True)])
-            seq = np.concatenate([np.full(len(toks[j]), d.seq_id, dtype=np.int32) for j, d in zip(part, ds, strict=True)])
-            out = np.zeros(len(tok), dtype=bool)
-            out[np.cumsum([len(toks[j]) for j in part]) - 1] = True
-            logits = self.ctx.decode_multi(tok, pos, seq, out)
+            pos = np.concatenate([np.arange(len(ds[j]._kv), len(ds[j]._kv) + len(toks[j]), dtype=np.int32)
+                                  for j in part])
+            seq = np.concatenate([np.full(len(toks[j]), ds[j].seq_id, dtype=np.int32) for j in part])
+            mask = np.zeros(len(tok), dtype=bool)
+            mask[np.cumsum([len(toks[j]) for j in part]) - 1] = True
+            logits = self.ctx.decode_multi(tok, pos, seq, mask)
             self.n_decodes += 1
-            for r, (j, d) in enumerate(zip(part, ds, strict=True)):
-                rows[idx[j]] = logits[r].copy()  # the view dies with the next decode
-                d._kv.extend(toks[j])
+            for r, j in enumerate(part):
+                out.append(logits[r].copy())
+                ds[j]._kv.extend(toks[j])
             start = end
-
-
-def _chunks(rows: list[tuple[DraftModelDrafter, np.ndarray, int]], n_batch: int
-            ) -> list[list[tuple[DraftModelDrafter, np.ndarray, int]]]:
-    """Split whole sequences' rows into batches of at most n_batch tokens (a longer one alone)."""
-    out: list[list[tuple[DraftModelDrafter, np.ndarray, int]]] = [[]]
-    n = 0
-    for r in rows:
-        if out[-1] and n + len(r[1]) > n_batch:
-            out.append([])
-            n = 0
-        out[-1].append(r)
-        n += len(r[1])
-    return out
+        return out
 
 
 class DraftSimpleFactory:

@@ -8,7 +8,7 @@ so q is known (docs/design.md invariant 8).
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
@@ -20,13 +20,17 @@ from .base import Drafter, Proposal
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng
 
-if TYPE_CHECKING:
-    from .draft_batch import SharedDraftModel
+
+class SharedContextOwner(Protocol):
+    """What a drafter needs of the owner of a shared draft context (draft_batch.SharedDraftModel;
+    named here, not imported, so draft_batch can build on this module without a cycle)."""
+
+    def close(self) -> None: ...
 
 
 class DraftModelDrafter(Drafter):
     name = "draft-simple"
-    shared: SharedDraftModel | None = None  # set when its context is a batch's shared one (draft_batch.py)
+    shared: SharedContextOwner | None = None  # set when its context is a batch's shared one (draft_batch.py)
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  sample: bool = True, seed: int = 0, n_max: int | None = None, context: Context | None = None,
