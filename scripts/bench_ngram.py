@@ -9,7 +9,8 @@ then backwards (A B .. B A):
 
 * ``plain``: ours without a drafter;
 * ``ours:<type>``: ours with --spec-type ngram-simple / ngram-map-k / ngram-mod (llama.cpp's
-  default knobs), and the chain ngram-mod,draft-simple (0.5B draft, n-max 3);
+  default knobs), and the chain ngram-mod,draft-simple (0.5B draft, n-max 3) with its gate
+  (the CLI's default) and without it (``@nogate``); the gate learns across the run's prompts;
 * ``native:<type>``: `llama-speculative-simple --spec-type <type>` built from the same source;
 * ``lcpp:prompt-lookup``: llama-cpp-python 0.3.36's `LlamaPromptLookupDecoding` (num_pred_tokens
   10, its default) in the venv that ``scripts/bench_bindings.py`` creates (``--lcp-venv``, default
@@ -53,7 +54,8 @@ from bench_spec import (  # noqa: E402
 
 PROMPTS_FILE = Path(__file__).resolve().parent / "edit_prompts.json"
 NGRAM_TYPES = ["ngram-simple", "ngram-map-k", "ngram-mod"]
-DEFAULT_ARMS = (["plain"] + [f"ours:{t}" for t in NGRAM_TYPES] + ["ours:ngram-mod,draft-simple", "ours:draft-simple"]
+DEFAULT_ARMS = (["plain"] + [f"ours:{t}" for t in NGRAM_TYPES]
+                + ["ours:ngram-mod,draft-simple", "ours:ngram-mod,draft-simple@nogate", "ours:draft-simple"]
                 + [f"native:{t}" for t in NGRAM_TYPES] + ["lcpp:prompt-lookup"])
 
 
@@ -76,7 +78,9 @@ class Ours:
         if arm in self.gens:
             return self.gens[arm]
         a = self.args
-        types = [] if arm == "plain" else arm.split(":", 1)[1].split(",")
+        # "ours:<types>@nogate": the chain without its gate (CLI --no-spec-chain-gate)
+        spec, _, flag = arm.partition("@")
+        types = [] if arm == "plain" else spec.split(":", 1)[1].split(",")
         members = []
         for t in types:
             if t == "draft-simple":
@@ -85,7 +89,8 @@ class Ours:
                 members.append(DraftModelDrafter(self.draft, n_ctx=a.n_ctx, n_threads=a.threads, n_max=a.n_max))
             else:
                 members.append(build_ngram_drafter(t))
-        drafter = None if not members else members[0] if len(members) == 1 else ChainDrafter(members)
+        drafter = (None if not members else members[0] if len(members) == 1
+                   else ChainDrafter(members, gate=flag != "nogate"))
         # the generator's cap is the largest member's draft length, as llama.cpp's common_speculative_n_max
         n_max = max([a.n_max] + [64 if t == "ngram-mod" else 48 for t in types if t.startswith("ngram")])
         g = SpeculativeGenerator(self.target, drafter, n_ctx=a.n_ctx, n_threads=a.threads, n_max=n_max)
@@ -207,8 +212,12 @@ def bench(args) -> dict:
                 runs.append(r)
                 print(f"  {cls} #{idx} {arm:28} {r['tps']:7.2f} t/s  {r['accepted']}/{r['drafted']}", file=sys.stderr)
         print(f"# {cls} #{idx} done ({loadavg()})", file=sys.stderr)
+    chains = {arm: g.drafter.stats_by_drafter() for arm, g in ours.gens.items()
+              if hasattr(g.drafter, "stats_by_drafter")}
+    for arm, st in chains.items():
+        print(f"# {arm}: {json.dumps(st)}", file=sys.stderr)
     ours.close()
-    return {"arms": arms, "rows": summarize_rows(runs, arms), "runs": runs}
+    return {"arms": arms, "rows": summarize_rows(runs, arms), "runs": runs, "chain_stats": chains}
 
 
 def summarize_rows(runs: list[dict], arms: list[str]) -> list[dict]:
@@ -236,6 +245,11 @@ def summarize_rows(runs: list[dict], arms: list[str]) -> list[dict]:
                 vs = [med[(p, arm)] / med[(p, f"native:{kind}")] for p in {r["prompt"] for r in a}
                       if (p, f"native:{kind}") in med and med[(p, f"native:{kind}")] > 0]
                 row["vs_native"] = summarize(vs)
+            parts = [f"ours:{t}" for t in (kind or "").partition("@")[0].split(",")] if kind and "," in kind else []
+            if arm.startswith("ours:") and parts and all(p in arms for p in parts):
+                vs = [med[(p, arm)] / max(med[(p, q)] for q in parts) for p in {r["prompt"] for r in a}
+                      if all((p, q) in med for q in parts)]
+                row["vs_best_part"] = summarize(vs)
             native_same = [same_text(r["text"], n["text"]) for r in a if arm.startswith("ours:")
                            for n in sel if n["arm"] == f"native:{kind}" and n["prompt"] == r["prompt"]
                            and n["half"] == r["half"]]
@@ -249,12 +263,14 @@ def markdown(res: dict) -> str:
     def spread(s):
         return fmt_spread(s, 2) if s and s.get("n") else "—"
 
-    out = ["| set | arm | t/s median | kept / drafted | ÷ plain (per prompt) | ÷ native same drafter | text = native |",
-           "|---|---|---|---|---|---|---|"]
+    out = ["| set | arm | t/s median | kept / drafted | ÷ plain (per prompt) | ÷ native same drafter "
+           "| chain ÷ better part | text = native |",
+           "|---|---|---|---|---|---|---|---|"]
     for r in res["rows"]:
         acc = f"{r['accepted']}/{r['drafted']} ({100 * r['acceptance']:.0f} %)" if r["acceptance"] is not None else "—"
         out.append(f"| {r['set']} | {r['arm']} | {r['tps']['median']:.2f} | {acc} | {spread(r['vs_plain'])} | "
-                   f"{spread(r.get('vs_native'))} | {r.get('same_text_as_native', '—')} |")
+                   f"{spread(r.get('vs_native'))} | {spread(r.get('vs_best_part'))} | "
+                   f"{r.get('same_text_as_native', '—')} |")
     return "\n".join(out)
 
 
@@ -278,7 +294,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     for arm in args.arms:
         if not (arm in ("plain", "lcpp:prompt-lookup") or arm.startswith(("ours:", "native:"))):
-            ap.error(f"unknown arm {arm!r}: plain, ours:TYPE[,TYPE], native:TYPE or lcpp:prompt-lookup")
+            ap.error(f"unknown arm {arm!r}: plain, ours:TYPE[,TYPE][@nogate], native:TYPE or lcpp:prompt-lookup")
     return args
 
 

@@ -149,11 +149,16 @@ def test_spec_type_chain_and_ngram_n_max(smollm_path):
     d = gen.drafter
     assert isinstance(d, ChainDrafter) and d.name == "ngram-simple,draft-simple"  # llama.cpp's order
     assert gen.n_max == 20 and d.drafters[0].size_m == 20 and d.drafters[1].n_max_cap == 2
+    assert list(d.gates) == [1]   # the chain's gate (default on) covers the model drafter only
     from llama_spec import SamplerParams
 
     d.drafters[1].configure(SamplerParams(temp=0), 0)
     prop = d.drafters[1].draft(gen.model.tokenize("one two three"), 20, 0.0)
     assert len(prop.tokens) == 2  # draft-simple keeps --spec-draft-n-max inside the chain
+    gen.close()
+    gen, _ = build_generator(_ns([*_GEN, "--spec-type", "ngram-mod,draft-simple", "-md", "smollm2-135m",
+                                  "--no-spec-chain-gate"]))
+    assert isinstance(gen.drafter, ChainDrafter) and gen.drafter.gates == {}
     gen.close()
 
 

@@ -427,7 +427,7 @@ def test_chain_precedence_stats_and_routing():
     assert mapk._n_kept[(5, 6)] == 1               # not the winner: map-k is not tuned
     s = chain.stats_by_drafter()
     assert list(s) == ["e", "ngram-map-k", "a", "b"]
-    assert s["ngram-map-k"] == {"verifications": 1, "drafted": 2, "accepted": 1, "acceptance_rate": 0.5}
+    assert s["ngram-map-k"] == {"verifications": 1, "drafted": 2, "accepted": 1, "skipped": 0, "acceptance_rate": 0.5}
     assert s["a"]["verifications"] == 1 and s["a"]["drafted"] == 2 and s["a"]["accepted"] == 2
     assert s["b"]["verifications"] == 0
     assert chain.name == "e,ngram-map-k,a,b" and chain.vocab_size == 0

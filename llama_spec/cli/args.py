@@ -101,6 +101,10 @@ def add_spec_type_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("-md", "--model-draft", default=None, help="draft model for draft-simple")
     ap.add_argument("--spec-draft-n-max", type=int, default=DEFAULT_N_MAX,
                     help="draft tokens per verification of draft-simple/draft-mtp (1-64)")
+    ap.add_argument("--spec-chain-gate", dest="spec_chain_gate", action=argparse.BooleanOptionalAction,
+                    default=True, help="in a chain, ask a model drafter (draft-simple, draft-mtp) only while it "
+                    "measurably pays: timed, so seeded temp>0 runs repeat exactly only with --no-spec-chain-gate "
+                    "(default: on)")
     for flag, (kind, knob, default) in NGRAM_CLI_FLAGS.items():
         ap.add_argument(flag, type=int, default=default, dest=flag.lstrip("-").replace("-", "_"),
                         help=f"{kind}: {knob} (default {default})")

@@ -117,7 +117,9 @@ def drafter_factory(ns: argparse.Namespace, target: Model, types: list[str]
 
     def make() -> Drafter:
         members = [one(t) for t in types]
-        return members[0] if len(members) == 1 else ChainDrafter(members)
+        if len(members) == 1:
+            return members[0]
+        return ChainDrafter(members, gate=getattr(ns, "spec_chain_gate", True))
 
     return make, closers
 

@@ -70,6 +70,9 @@ class Drafter:
     # True: observe() never reads the target context's outputs, so a repeated prompt may skip the
     # target's prefill (restore_prompt + observe of the last token on stale outputs). Opt-in.
     observe_without_target_outputs: bool = False
+    # True: drafting runs a model, at a cost comparable to a target step, so a chain with gate=True
+    # may skip this member where it does not pay (chain_gate.py). The n-gram drafters cost ~nothing.
+    costly: bool = False
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:

@@ -14,6 +14,11 @@ while an earlier member wins, and when its turn comes its lazy sync decodes the 
 one prefill (n_batch chunks) instead of one draft-model decode per verification. This is what keeps
 ``ngram-mod,draft-simple`` close to ngram-mod alone on text that repeats (issue 16). Drafts only
 change speed, so what is emitted is unchanged.
+
+With ``gate=True`` each costly member (``Drafter.costly``: it runs a model) also has a
+:class:`~.chain_gate.MemberGate`: on its turn the chain asks it only while steps that ask it emit
+more tokens per second than steps that skip it (chain_gate.py says how, and why this is opt-in for
+seeded sampling).
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from .base import Drafter, Proposal
+from .chain_gate import MemberGate, StepClock
 
 if TYPE_CHECKING:  # annotations only: the chain needs no compiled binding itself
     from ..context import Context
@@ -39,12 +45,14 @@ class DrafterCounters:
     verifications: int = 0   # verifications that carried this member's proposal
     drafted: int = 0         # draft tokens it proposed (and were verified)
     accepted: int = 0        # of those, kept
+    skipped: int = 0         # turns its gate skipped it (gate=True, costly members only)
 
 
 class ChainDrafter(Drafter):
     """A list of drafters tried in order for every verification; statistics per member."""
 
-    def __init__(self, drafters: Sequence[Drafter]) -> None:
+    def __init__(self, drafters: Sequence[Drafter], *, gate: bool = False,
+                 clock: Callable[[], float] | None = None) -> None:
         if not drafters:
             raise ValueError("drafters: a chain needs at least one drafter")
         vocab = {d.vocab_size for d in drafters if d.vocab_size}
@@ -59,6 +67,10 @@ class ChainDrafter(Drafter):
         self.counters: list[DrafterCounters] = [DrafterCounters() for _ in self.drafters]
         self.winner: int | None = None   # index of the member whose proposal is being verified
         self.observe_without_target_outputs = all(d.observe_without_target_outputs for d in self.drafters)
+        # gate: one MemberGate per costly member (index -> gate); clock: injectable for tests
+        self.gates: dict[int, MemberGate] = ({i: MemberGate() for i, d in enumerate(self.drafters) if d.costly}
+                                             if gate else {})
+        self._step = StepClock(clock) if clock is not None else StepClock()
 
     # -- statistics ---------------------------------------------------------------------------
     def member_names(self) -> list[str]:
@@ -77,6 +89,8 @@ class ChainDrafter(Drafter):
             row: dict[str, int | float] = dict(asdict(c))
             row["acceptance_rate"] = c.accepted / c.drafted if c.drafted else 0.0
             out[name] = row
+        for i, g in self.gates.items():
+            out[self.member_names()[i]].update(g.summary())
         return out
 
     def reset_counters(self) -> None:
@@ -100,6 +114,7 @@ class ChainDrafter(Drafter):
 
     def begin(self, prompt: list[int]) -> None:
         self.winner = None
+        self._step.stop()   # a step cut short (a request that ended in draft) is not timed
         for d in self.drafters:
             d.begin(prompt)
 
@@ -109,6 +124,7 @@ class ChainDrafter(Drafter):
 
     def restore_prompt(self, n_tokens: int) -> None:
         self.winner = None
+        self._step.stop()
         for d in self.drafters:
             d.restore_prompt(n_tokens)
 
@@ -119,7 +135,15 @@ class ChainDrafter(Drafter):
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
         """The first member's non-empty proposal (at most n_max tokens); empty if none has one."""
         self.winner = None
+        self._step.start()
         for i, d in enumerate(self.drafters):
+            gate = self.gates.get(i)
+            if gate is not None:
+                asked = gate.should_ask()
+                self._step.arms.append((i, asked))
+                if not asked:
+                    self.counters[i].skipped += 1
+                    continue
             prop = d.draft(history, n_max, p_min)
             if len(prop) > 0:
                 self.winner = i
@@ -131,6 +155,10 @@ class ChainDrafter(Drafter):
 
     def accepted(self, n_accepted: int) -> None:
         w, self.winner = self.winner, None
+        seconds = self._step.stop()
+        if seconds is not None:
+            for i, asked in self._step.arms:
+                self.gates[i].record(asked, int(n_accepted) + 1, seconds)
         if w is not None:
             self.counters[w].accepted += int(n_accepted)
         for i, d in enumerate(self.drafters):
