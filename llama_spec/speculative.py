@@ -27,6 +27,7 @@ import numpy as np
 
 from . import accept as _accept
 from .context import Context, int32_values
+from .draft_length import DraftLengthController
 from .drafters.base import Drafter, Proposal
 from .env import env_flag
 from .errors import GeneratorBusyError
@@ -169,8 +170,10 @@ class SpeculativeGenerator:
     def __init__(self, target: Model, drafter: Drafter | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_threads: int | None = None, n_max: int = 3,
                  observers: Iterable[Observer] = (), context_options: Mapping[str, Any] | None = None,
-                 tree: str | Sequence[int] | None = None) -> None:
+                 tree: str | Sequence[int] | None = None, adaptive_draft: bool = False) -> None:
         # context_options: more Context keywords for the target (n_ubatch, flash_attn, type_k, type_v)
+        # adaptive_draft: cut each proposal to the length with the most expected tokens per second
+        # (draft_length.py; speed only: a prefix of a draft is a draft)
         self.model = target
         self.drafter = drafter
         if drafter is not None and drafter.vocab_size and drafter.vocab_size != target.n_vocab:
@@ -197,6 +200,8 @@ class SpeculativeGenerator:
         self._cached_prompt: np.ndarray | None = None
         self._cached_full: tuple[np.ndarray, np.ndarray] | None = None  # (prompt, its last logits (1, n_vocab))
         self.total = SpecStats()
+        self.draft_length = DraftLengthController() if adaptive_draft else None
+        self._prop_key: object = None   # which drafter (a chain's member) made the proposal being verified
         self._owner_lock = threading.Lock()
         self._owner: tuple[int, object] | None = None   # (thread id, token) of the request that owns the loop
 
@@ -343,6 +348,8 @@ class SpeculativeGenerator:
                     commit_tree(self.ctx, prop, pos0)  # seq 0 = the accepted path, no other sequence
                 else:
                     self.ctx.rollback(0, pos0 + n_acc + 1)
+                if self.draft_length is not None and not isinstance(prop, TreeProposal):
+                    self.draft_length.record_verify(self._prop_key, len(prop), n_acc)
                 if drafter is not None:
                     drafter.accepted(n_acc)
             for ob in req.observers:
@@ -396,6 +403,9 @@ class SpeculativeGenerator:
         if self.drafter is None or k_cap <= 0:
             return Proposal()
         prop = self.drafter.draft(history, k_cap, p_min)
+        if self.draft_length is not None:
+            self._prop_key = (self.drafter.name, getattr(self.drafter, "winner", None))  # a chain's member
+            k_cap = min(k_cap, self.draft_length.cut(self._prop_key, len(prop))) if len(prop) > 1 else k_cap
         if len(prop) > k_cap:
             for seq in (prop.tokens, prop.q_ids, prop.q_probs, prop.topk_ids, prop.topk_probs):
                 if seq is not None:
@@ -403,7 +413,10 @@ class SpeculativeGenerator:
         return prop
 
     def _decode_observed(self, tokens: np.ndarray, pos0: int, outputs: OutputsSpec) -> np.ndarray:
+        t0 = time.perf_counter()
         logits = self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, outputs)
+        if self.draft_length is not None and outputs == "all":  # a verification batch: its cost
+            self.draft_length.record_decode(len(tokens), time.perf_counter() - t0)
         if self.drafter is not None:
             self.drafter.observe(tokens, pos0, self.ctx)
         return logits

@@ -78,7 +78,8 @@ class Ours:
         if arm in self.gens:
             return self.gens[arm]
         a = self.args
-        # "ours:<types>@nogate": the chain without its gate (CLI --no-spec-chain-gate)
+        # "ours:<types>@nogate": the chain without its gate (CLI --no-spec-chain-gate);
+        # "@adaptive": --spec-draft-adaptive (proposals cut to the best expected length)
         spec, _, flag = arm.partition("@")
         types = [] if arm == "plain" else spec.split(":", 1)[1].split(",")
         members = []
@@ -91,9 +92,11 @@ class Ours:
                 members.append(build_ngram_drafter(t))
         drafter = (None if not members else members[0] if len(members) == 1
                    else ChainDrafter(members, gate=flag != "nogate"))
+        adaptive = flag == "adaptive"
         # the generator's cap is the largest member's draft length, as llama.cpp's common_speculative_n_max
         n_max = max([a.n_max] + [64 if t == "ngram-mod" else 48 for t in types if t.startswith("ngram")])
-        g = SpeculativeGenerator(self.target, drafter, n_ctx=a.n_ctx, n_threads=a.threads, n_max=n_max)
+        g = SpeculativeGenerator(self.target, drafter, n_ctx=a.n_ctx, n_threads=a.threads, n_max=n_max,
+                                 adaptive_draft=adaptive)
         self.gens[arm] = g
         return g
 
@@ -240,7 +243,7 @@ def summarize_rows(runs: list[dict], arms: list[str]) -> list[dict]:
                         if (p, "plain") in med and med[(p, "plain")] > 0]
             row = {"set": cls, "arm": arm, "tps": summarize([r["tps"] for r in a]), "drafted": dr, "accepted": ac,
                    "acceptance": ac / dr if dr else None, "vs_plain": summarize(vs_plain)}
-            kind = arm.split(":", 1)[1] if ":" in arm else None
+            kind = arm.split(":", 1)[1].partition("@")[0] if ":" in arm else None
             if arm.startswith("ours:") and f"native:{kind}" in arms:
                 vs = [med[(p, arm)] / med[(p, f"native:{kind}")] for p in {r["prompt"] for r in a}
                       if (p, f"native:{kind}") in med and med[(p, f"native:{kind}")] > 0]
@@ -294,7 +297,7 @@ def parse_args(argv=None):
     args = ap.parse_args(argv)
     for arm in args.arms:
         if not (arm in ("plain", "lcpp:prompt-lookup") or arm.startswith(("ours:", "native:"))):
-            ap.error(f"unknown arm {arm!r}: plain, ours:TYPE[,TYPE][@nogate], native:TYPE or lcpp:prompt-lookup")
+            ap.error(f"unknown arm {arm!r}: plain, ours:TYPE[,TYPE][@nogate|@adaptive], native:TYPE or lcpp:prompt-lookup")
     return args
 
 

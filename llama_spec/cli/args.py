@@ -121,6 +121,9 @@ def add_spec_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--spec-verify", choices=("token", "block", "exact-match"), default="token",
                     help="verification rule when drafts come with q: token (rejection sampling, default), "
                     "block (the drafts verified jointly) or exact-match; --no-spec-draft-sample forces exact-match")
+    ap.add_argument("--spec-draft-adaptive", action="store_true",
+                    help="cut each proposal to the length with the most expected tokens per second, from the "
+                    "measured verification cost and each drafter's kept-draft rates (speed only; not with trees)")
     ap.add_argument("--spec-draft-tree", default=None, metavar="W1,W2,..",
                     help="tree drafts (draft-simple): candidates per depth, e.g. 3,1,1 = three at depth 1, a chain "
                     "after each; verified exactly in one target batch (docs/trees.md)")

@@ -139,7 +139,8 @@ def build_generator(ns: argparse.Namespace) -> tuple[SpeculativeGenerator, TopKS
     drafter = make() if make is not None else None
     gen = SpeculativeGenerator(target, drafter, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
                                n_threads=ns.threads, n_max=spec_n_max(ns, types),
-                               context_options=context_options(ns), tree=getattr(ns, "spec_draft_tree", None))
+                               context_options=context_options(ns), tree=getattr(ns, "spec_draft_tree", None),
+                               adaptive_draft=getattr(ns, "spec_draft_adaptive", False))
     return gen, _topk_stats(ns, gen)
 
 

@@ -1,0 +1,96 @@
+"""Adaptive draft length: cut each proposal to the length that maximises expected tokens per second.
+
+Words, used below exactly:
+
+- **cut**: how many of a proposal's draft tokens are verified (a prefix; 1 <= cut <= its length).
+- **survival** S(i): the probability that drafts 1..i of a proposal are all kept. It is the product
+  of the **hazards** h(j) = P(draft j kept | drafts 1..j-1 kept), counted per drafter key (a chain's
+  members apart) over past verifications, decayed by ``decay`` per verification, with a prior
+  (``prior_keep`` with weight ``prior_weight``) so that positions never verified yet look hopeful.
+- **cost** c(n): seconds for the target to decode a verification batch of n tokens, a line
+  a + b n fitted by decayed least squares to the measured decodes (batched CPU decodes grow about
+  linearly: 48.7 ms at n = 1, 117 at 4, 246 at 16, 589 at 48 for the 1.5B on 2 cores here).
+- the cut chosen: argmax over L of (1 + S(1) + .. + S(L)) / c(L + 1).
+
+Why: a verification of n tokens costs far more than one token on a CPU (12x at n = 48 above),
+and n-gram drafts run up to 48-64 tokens of which about half are kept; verifying the likely-kept
+prefix only is cheaper. Exactness is untouched: a prefix of a draft is itself a draft from the
+same q (drafts are drawn one position after another), and greedy output does not depend on the
+drafts at all. Until two batch sizes have been timed the proposal is not cut.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MAX_LEN = 64  # N_MAX_LIMIT of the generator: the longest proposal there is
+
+
+@dataclass
+class _Hazards:
+    """Decayed counts per draft position j (0-based): verified there, and kept there."""
+
+    reached: np.ndarray = field(default_factory=lambda: np.zeros(MAX_LEN))
+    kept: np.ndarray = field(default_factory=lambda: np.zeros(MAX_LEN))
+
+
+class DraftLengthController:
+    """Per-drafter survival and the target's cost line; ``cut()`` before, ``record_*`` after."""
+
+    def __init__(self, prior_keep: float = 0.7, prior_weight: float = 2.0, decay: float = 0.98) -> None:
+        if not 0.0 < prior_keep < 1.0 or prior_weight <= 0.0 or not 0.0 < decay <= 1.0:
+            raise ValueError("draft length: requires 0 < prior_keep < 1, prior_weight > 0, 0 < decay <= 1")
+        self.prior_keep, self.prior_weight, self.decay = prior_keep, prior_weight, decay
+        self._hz: dict[object, _Hazards] = {}
+        self._fit = np.zeros(5)         # decayed sums: w, w n, w n^2, w t, w n t
+        self._sizes: set[int] = set()   # batch sizes timed so far
+
+    # -- measurements ----------------------------------------------------------------------------
+    def record_decode(self, n_tokens: int, seconds: float) -> None:
+        """A verification decode of n_tokens took `seconds`."""
+        n = float(n_tokens)
+        self._fit = self._fit * self.decay + np.array([1.0, n, n * n, seconds, n * seconds])
+        self._sizes.add(int(n_tokens))
+
+    def record_verify(self, key: object, n_drafted: int, n_kept: int) -> None:
+        """A verification of n_drafted drafts from drafter `key` kept the first n_kept."""
+        if n_drafted <= 0:
+            return
+        h = self._hz.setdefault(key, _Hazards())
+        h.reached *= self.decay
+        h.kept *= self.decay
+        reached = min(n_kept + 1, n_drafted)   # positions 0..n_kept were verified (the first reject included)
+        h.reached[:reached] += 1.0
+        h.kept[:n_kept] += 1.0
+
+    # -- the decision ----------------------------------------------------------------------------
+    def cost_line(self) -> tuple[float, float] | None:
+        """(a, b) of c(n) = a + b n, or None before two batch sizes were timed."""
+        w, sn, snn, st, snt = self._fit
+        den = w * snn - sn * sn
+        if len(self._sizes) < 2 or den <= 1e-12:
+            return None
+        b = (w * snt - sn * st) / den
+        a = (st - b * sn) / w
+        return float(a), float(max(b, 0.0))
+
+    def survival(self, key: object, n: int) -> np.ndarray:
+        """S(1) .. S(n) for drafter `key`, (n,) float64."""
+        h = self._hz.get(key) or _Hazards()
+        pw = self.prior_weight
+        hazard = (h.kept[:n] + self.prior_keep * pw) / (h.reached[:n] + pw)
+        return np.cumprod(hazard)
+
+    def cut(self, key: object, n_drafted: int) -> int:
+        """The cut for a proposal of n_drafted tokens from drafter `key` (n_drafted when unknown)."""
+        n = min(int(n_drafted), MAX_LEN)
+        line = self.cost_line() if n > 1 else None
+        if line is None:
+            return n_drafted
+        a, b = line
+        lengths = np.arange(1, n + 1)
+        expected = 1.0 + np.cumsum(self.survival(key, n))
+        cost = np.maximum(a + b * (lengths + 1), 1e-9)
+        return int(lengths[int(np.argmax(expected / cost))])
