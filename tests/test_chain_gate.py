@@ -65,8 +65,13 @@ def test_gate_bootstraps_alternating_then_follows_the_better_arm_and_explores():
         first.append(b)
         g.record(b, 2 if b else 1, 1.0)
     assert first == [True, False] * 3
-    picks = [g.should_ask() for _ in range(8)]
-    assert picks == [True, True, True, False] * 2   # the better arm, the other every 4th decision
+    assert g.explore_interval() == 4 * 2 ** 2          # explore_every x (rate ratio)^2
+    picks = [g.should_ask() for _ in range(32)]
+    assert picks == ([True] * 15 + [False]) * 2        # the better arm, the other once per interval
+    g2 = MemberGate(min_turns=1, explore_every=4, max_stretch=3.0)
+    g2.record(True, 100, 1.0)
+    g2.record(False, 1, 1.0)
+    assert g2.explore_interval() == 12                 # the stretch is capped
 
 
 def test_a_member_that_costs_more_than_it_gains_is_skipped():
@@ -75,9 +80,10 @@ def test_a_member_that_costs_more_than_it_gains_is_skipped():
     chain = ChainDrafter([Never(), slow], gate=True, clock=clock)
     verified = run_steps(chain, clock, 8 + 160, kept=1)
     assert verified[:8] == [True, False] * 4                 # the bootstrap: each arm 4 turns
-    assert sum(verified[8:]) == 160 // 16                     # then only the exploration turns
+    # then only the exploration turns: one per 16 x (1.0 / (2/3))^2 = 36 turns
+    assert sum(verified[8:]) == 160 // 36
     s = chain.stats_by_drafter()["costly"]
-    assert s["skipped"] == 4 + 150 and s["verifications"] == 4 + 10 == slow.drafts
+    assert s["skipped"] == 4 + 156 and s["verifications"] == 4 + 4 == slow.drafts
     assert s["ask_tok_per_s"] == pytest.approx(2 / 3, abs=1e-3)
     assert s["skip_tok_per_s"] == pytest.approx(1.0, abs=1e-3)
 
@@ -87,7 +93,7 @@ def test_a_member_that_pays_is_asked_and_an_earlier_winner_leaves_its_gate_alone
     fast = Costly(clock, cost=0.1, k=4)        # asked: 4 tokens in 1.1 s
     chain = ChainDrafter([Never(), fast], gate=True, clock=clock)
     verified = run_steps(chain, clock, 8 + 64, kept=3)
-    assert sum(verified[8:]) == 64 - 64 // 16
+    assert sum(verified[8:]) == 64   # 3.6x the skip rate: explored once per 16 x 3.6^2 = 211 turns
     # an earlier member that proposes takes the turn: the gated member is not reached, nothing is recorded
     free = Costly(clock, cost=0.0, k=1, name="free")
     free.costly = False
@@ -107,7 +113,7 @@ def test_gate_off_is_the_plain_chain():
 
 
 def test_bad_gate_settings_are_refused():
-    for kw in ({"min_turns": 0}, {"explore_every": 1}, {"decay": 0.0}, {"decay": 1.5}):
+    for kw in ({"min_turns": 0}, {"explore_every": 1}, {"decay": 0.0}, {"decay": 1.5}, {"max_stretch": 0.5}):
         with pytest.raises(ValueError, match="gate"):
             MemberGate(**kw)
 

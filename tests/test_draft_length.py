@@ -44,10 +44,12 @@ def test_survival_counts_reached_and_kept_positions():
     c.record_verify("d", 5, 2)     # positions 0, 1 kept, 2 rejected, 3-4 never verified
     c.record_verify("d", 5, 5)     # all kept
     c.record_verify("d", 2, 0)     # position 0 rejected
-    # hazards: j=0: kept 2 of 3 reached; j=1: 2 of 2; j=2: 1 of 2; j=3, 4: 1 of 1 (prior 0.5, weight 1)
-    want = np.cumprod([(2 + .5) / (3 + 1), (2 + .5) / (2 + 1), (1 + .5) / (2 + 1), (1 + .5) / 2, (1 + .5) / 2])
+    # hazards: j=0: kept 2 of 3 reached; j=1: 2 of 2; j=2: 1 of 2; j=3, 4: 1 of 1; the prior (weight 1)
+    # is the pooled hazard 7/9 (above prior_keep 0.5)
+    pr = 7 / 9
+    want = np.cumprod([(2 + pr) / (3 + 1), (2 + pr) / (2 + 1), (1 + pr) / (2 + 1), (1 + pr) / 2, (1 + pr) / 2])
     np.testing.assert_allclose(c.survival("d", 5), want)
-    np.testing.assert_allclose(c.survival("other", 2), [0.5, 0.25])   # drafters are counted apart
+    np.testing.assert_allclose(c.survival("other", 2), [0.5, 0.25])   # drafters apart: prior_keep alone
     c.record_verify("d", 0, 0)     # nothing drafted: nothing recorded
     np.testing.assert_allclose(c.survival("d", 5), want)
 
