@@ -202,6 +202,7 @@ class SpeculativeGenerator:
         self.total = SpecStats()
         self.draft_length = DraftLengthController() if adaptive_draft else None
         self._prop_key: object = None   # which drafter (a chain's member) made the proposal being verified
+        self._last_full = False         # the last verification kept all its drafts
         self._owner_lock = threading.Lock()
         self._owner: tuple[int, object] | None = None   # (thread id, token) of the request that owns the loop
 
@@ -350,6 +351,7 @@ class SpeculativeGenerator:
                     self.ctx.rollback(0, pos0 + n_acc + 1)
                 if self.draft_length is not None and not isinstance(prop, TreeProposal):
                     self.draft_length.record_verify(self._prop_key, len(prop), n_acc)
+                    self._last_full = len(prop) > 0 and n_acc == len(prop)
                 if drafter is not None:
                     drafter.accepted(n_acc)
             for ob in req.observers:
@@ -404,7 +406,9 @@ class SpeculativeGenerator:
             return Proposal()
         prop = self.drafter.draft(history, k_cap, p_min)
         if self.draft_length is not None:
-            self._prop_key = (self.drafter.name, getattr(self.drafter, "winner", None))  # a chain's member
+            # per drafter (a chain's member) and per "the last verification kept every draft": copying
+            # runs of n-gram drafts are kept whole, other drafts fail early (two survival curves)
+            self._prop_key = (self.drafter.name, getattr(self.drafter, "winner", None), self._last_full)
             k_cap = min(k_cap, self.draft_length.cut(self._prop_key, len(prop))) if len(prop) > 1 else k_cap
         if len(prop) > k_cap:
             for seq in (prop.tokens, prop.q_ids, prop.q_probs, prop.topk_ids, prop.topk_probs):
