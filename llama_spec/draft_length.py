@@ -12,10 +12,11 @@ Words, used below exactly:
   the run was slower than without cutting, session 7).
 - **cost** c(n): seconds for the target to decode a verification batch of n tokens, a line
   a + b n fitted by decayed least squares to the measured decodes (batched CPU decodes grow about
-  linearly: 48.7 ms at n = 1, 117 at 4, 246 at 16, 589 at 48 for the 1.5B on 2 cores here).
+  linearly: 31.6 ms at n = 1, 94.7 at 4, 186 at 16, 483 at 48 for the 1.5B on 2 cores here,
+  scripts/bench_verify_cost.py).
 - the cut chosen: argmax over L of (1 + S(1) + .. + S(L)) / c(L + 1).
 
-Why: a verification of n tokens costs far more than one token on a CPU (12x at n = 48 above),
+Why: a verification of n tokens costs far more than one token on a CPU (15x at n = 48 above),
 and n-gram drafts run up to 48-64 tokens of which about half are kept; verifying the likely-kept
 prefix only is cheaper. Exactness is untouched: a prefix of a draft is itself a draft from the
 same q (drafts are drawn one position after another), and greedy output does not depend on the
