@@ -114,5 +114,9 @@ class Drafter:
     def restore_prompt(self, n_tokens: int) -> None:
         """Go back to the `snapshot_prompt` point (the same prompt is being reused)."""
 
+    def sit_out_observes(self) -> None:
+        """A chain is about to ask others first: do no work in observe() that only pays when this
+        drafter drafts every time (draft-simple stops decoding each target batch and syncs lazily)."""
+
     def close(self) -> None:
         """Free the drafter's own resources (contexts)."""

@@ -9,9 +9,10 @@ it has one (the n-gram drafters: a proposal that was not theirs must not tune th
 ``is_other``), else ``accepted(n)`` (draft-mtp needs the kept count of every verification to pick
 its hidden row and roll back; draft-simple re-syncs its KV from the history by itself).
 
-A member with an ``observe_batches`` switch (draft-simple) has it turned off: it decodes nothing
-while an earlier member wins, and when its turn comes its lazy sync decodes the tokens it missed in
-one prefill (n_batch chunks) instead of one draft-model decode per verification. This is what keeps
+Every member is told ``sit_out_observes()``; draft-simple then turns ``observe_batches`` off: it
+decodes nothing while an earlier member wins, and when its turn comes its lazy sync decodes the
+tokens it missed in one prefill (n_batch chunks) instead of one draft-model decode per
+verification. This is what keeps
 ``ngram-mod,draft-simple`` close to ngram-mod alone on text that repeats (issue 16). Drafts only
 change speed, so what is emitted is unchanged.
 
@@ -60,8 +61,7 @@ class ChainDrafter(Drafter):
             raise ValueError(f"drafters: members disagree on the vocabulary size ({sorted(vocab)})")
         self.drafters: list[Drafter] = list(drafters)
         for d in self.drafters:
-            if hasattr(d, "observe_batches"):  # see the module docstring
-                d.observe_batches = False
+            d.sit_out_observes()   # see the module docstring
         self.name = ",".join(d.name for d in self.drafters)
         self.vocab_size = vocab.pop() if vocab else 0
         self.counters: list[DrafterCounters] = [DrafterCounters() for _ in self.drafters]
@@ -170,6 +170,10 @@ class ChainDrafter(Drafter):
                 other(n_accepted)
             else:
                 d.accepted(n_accepted)
+
+    def sit_out_observes(self) -> None:
+        for d in self.drafters:
+            d.sit_out_observes()
 
     def close(self) -> None:
         for d in self.drafters:

@@ -88,6 +88,9 @@ class DraftModelDrafter(Drafter):
         del self._kv[pos0:]
         return len(self._kv) == pos0
 
+    def sit_out_observes(self) -> None:
+        self.observe_batches = False
+
     def begin(self, prompt: list[int]) -> None:
         # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
         pass
