@@ -113,14 +113,16 @@ grep -m1 -o "cmake line: .*" "$LOG" | cut -c1-2000
 # ---- the installed package: sizes and run-time dependencies ---------------------------------
 SITE=$("$VENV/bin/python" -c "import sysconfig; print(sysconfig.get_paths()['purelib'])")
 PKG=$SITE/llama_spec
-[ -f "$PKG/_lib/libggml-cuda.so" ] || fail "no libggml-cuda.so in $PKG/_lib"
+# the installed libraries carry their SONAME (libggml-cuda.so.0), not always the link name
+CUDA_SO=$(ls "$PKG"/_lib/libggml-cuda.so* 2>/dev/null | head -1)
+[ -n "$CUDA_SO" ] || fail "no libggml-cuda.so* in $PKG/_lib"
 say "library sizes (bytes) in $PKG/_lib and the extension:"
 ls -l "$PKG"/_lib/ "$PKG"/_llama_cffi*.so | awk 'NF > 5 {printf "  %12d  %s\n", $5, $NF}'
 say "total: $(du -sh "$PKG/_lib" | cut -f1) in _lib"
-say "libggml-cuda.so needs: $(readelf -d "$PKG/_lib/libggml-cuda.so" | grep -o 'NEEDED.*' | grep -oE '\[[^]]+\]' | tr '\n' ' ')"
-say "libggml-cuda.so runpath: $(readelf -d "$PKG/_lib/libggml-cuda.so" | grep -oE 'R(UN)?PATH.*' | head -1)"
-ldd "$PKG/_lib/libggml-cuda.so" | grep -E "cudart|cublas|libcuda\." | sed 's/^/  /'
-readelf -d "$PKG/_lib/libggml-cuda.so" | grep -q 'NEEDED.*\[libcuda\.so' && say "links libcuda (VMM build)"
+say "$(basename "$CUDA_SO") needs: $(readelf -d "$CUDA_SO" | grep -o 'NEEDED.*' | grep -oE '\[[^]]+\]' | tr '\n' ' ')"
+say "$(basename "$CUDA_SO") runpath: $(readelf -d "$CUDA_SO" | grep -oE 'R(UN)?PATH.*' | head -1)"
+ldd "$CUDA_SO" | grep -E "cudart|cublas|libcuda\." | sed 's/^/  /'
+readelf -d "$CUDA_SO" | grep -q 'NEEDED.*\[libcuda\.so' && say "links libcuda (VMM build)"
 nvidia-smi -L > /dev/null 2>&1 && say "NOTE: a GPU is visible here" || say "no GPU / driver visible (nvidia-smi fails)"
 
 # ---- item 2: import, devices(), CPU-only generation with no GPU and no driver -----------------
@@ -135,6 +137,10 @@ info = json.load(open(llama_spec.__path__[0] + "/_build_info.json"))
 assert info["backend"] == "cuda", info["backend"]
 assert any(d.type == "cpu" for d in devs), "no CPU device"
 assert not any(d.backend == "CUDA" for d in devs), "a CUDA device on a machine without a GPU?"
+# the CUDA backend was loaded and found no device (not skipped): its library is mapped in
+mapped = [ln.split()[-1] for ln in open("/proc/self/maps") if "libggml-cuda" in ln]
+assert mapped, "libggml-cuda is not loaded"
+print("loaded:", mapped[0].rsplit("/", 1)[-1], "-> 0 CUDA devices")
 m = Model(sys.argv[1], n_gpu_layers=0)
 outs = [generate(m, "The capital of France is", sampling=SamplerParams(temp=0.0), n_predict=12, n_ctx=256,
                  n_threads=2).tokens for _ in range(2)]
