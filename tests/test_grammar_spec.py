@@ -139,7 +139,7 @@ def _json_runs(gen, grammar, verify="token", seeds=(1, 2)):
     for i, prompt in enumerate(JSON_PROMPTS):
         for seed in seeds:
             r = gen.generate(prompt, sampling=SamplerParams(temp=0.8, grammar=grammar), seed=seed + 10 * i,
-                             n_predict=48, verify=verify)
+                             n_predict=96, verify=verify)
             out.append(r)
             acc += r.stats.accepted
             drafted += r.stats.drafted

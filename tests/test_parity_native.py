@@ -55,3 +55,33 @@ def test_draft_simple_greedy_matches_llama_speculative_simple(pair, request, nat
     ours = _ours(tp, dp, prompts, N)
     for prompt, o in zip(prompts, ours, strict=True):
         _check(_native_spec(native_bin, tp, dp, prompt, N), o)
+
+
+# An open-ended prompt (scripts/edit_prompts.json "open" #0): on it, before the n-gram drafters
+# used the native batch shapes, ours and the native tool's greedy texts differed (0/4 equal,
+# session 7); with them, 4/4.
+OPEN_PROMPT = ("### Instruction:\nWrite a short story about a lighthouse keeper who finds a message in a bottle."
+               "\n\n\n### Response:\n")
+
+
+def _ours_ngram(target_path, kind: str, prompt: str, n: int) -> str:
+    from llama_spec.drafters.ngram import build_ngram_drafter
+
+    t = Model(target_path)   # repack on
+    gen = SpeculativeGenerator(t, build_ngram_drafter(kind), n_ctx=1024, n_threads=THREADS, n_max=64)
+    try:
+        return gen.generate(prompt, sampling=SamplerParams(temp=0.0), n_predict=n, ignore_eos=True).text
+    finally:
+        gen.close()
+        t.close()
+
+
+@pytest.mark.parametrize("kind", ["ngram-simple", "ngram-mod"])
+def test_ngram_greedy_matches_llama_speculative_simple(kind, qwen15_path, native_bin):
+    ours = _ours_ngram(qwen15_path, kind, OPEN_PROMPT, N)
+    r = run_native(native_bin, "llama-speculative-simple", [
+        "-m", str(qwen15_path), "-p", OPEN_PROMPT, "-n", str(N), "--temp", "0", "-c", "1024",
+        "-t", str(THREADS), "--spec-type", kind])
+    assert r.returncode == 0, r.stderr[-2000:]
+    i = r.stdout.find(OPEN_PROMPT)
+    _check(r.stdout[i + len(OPEN_PROMPT):] if i >= 0 else r.stdout, ours)

@@ -85,6 +85,9 @@ class _NgramDrafter(Drafter):
     """What the n-gram drafters share: the mode of a request, the RNG, walks over contexts."""
 
     observe_without_target_outputs = True  # token ids only
+    # llama-speculative-simple's shapes with repacking on (greedy): prompt[:-1], then [prompt[-1], drafts..];
+    # without them the greedy text can differ from the native tool's (tests/test_parity_native.py)
+    native_prompt_split = True
 
     def __init__(self, *, deterministic: bool, greedy_pick: str, max_matches: int) -> None:
         if greedy_pick not in ("llama", "mode"):
