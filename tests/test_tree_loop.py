@@ -27,13 +27,37 @@ def _gen(model, tree=None, **kw):
     return SpeculativeGenerator(model, d, n_ctx=256, n_threads=THREADS, tree=tree, context_options=NO_FA, **kw)
 
 
+class _Margins(Observer):
+    """Per emitted token of a plain run: the gap between its top two logits."""
+
+    def __init__(self) -> None:
+        self.gaps: list[float] = []
+
+    def on_verify(self, v) -> None:
+        for row in v.logits[: len(v.emitted)]:
+            top2 = np.sort(row)[-2:]
+            self.gaps.append(float(top2[1] - top2[0]))
+
+
+# A rejected branch can leave a hole in the KV cells before the live ones; llama.cpp's CPU
+# attention then rounds differently (docs/trees.md: up to 0.7 on this model), so greedy tree
+# output equals plain decoding up to a near-tie. On an AVX-512 CPU (session 7) one flip came at
+# token 14, where plain's top-two gap is 0.19; on the AVX2 machines none came.
+NEAR_TIE = 1.0
+
+
 def test_greedy_tree_equals_plain(smollm):
     plain = SpeculativeGenerator(smollm, None, n_ctx=256, n_threads=THREADS, context_options=NO_FA)
     gen = _gen(smollm, (2, 2, 1))
     try:
-        r0 = plain.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=20)
+        gaps = _Margins()
+        r0 = plain.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=20, observers=[gaps])
         r1 = gen.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=20)
-        assert r1.tokens == r0.tokens
+        diff = next((i for i, (a, b) in enumerate(zip(r1.tokens, r0.tokens, strict=True)) if a != b), None)
+        if diff is not None:   # only a near-tie of plain decoding may flip
+            assert gaps.gaps[diff] < NEAR_TIE, (diff, gaps.gaps, r1.tokens, r0.tokens)
+        assert r1.tokens[: diff or len(r0.tokens)] == r0.tokens[: diff or len(r0.tokens)]
+        assert (diff or len(r0.tokens)) >= 8   # the bit-exact first verifications reach past the prompt
         assert r1.stats.verifications > 0 and r1.stats.accepted > 0
     finally:
         gen.close()
@@ -80,7 +104,8 @@ class _RowCheck(Observer):
 def test_memory_holds_the_accepted_prefix(smollm):
     """Target seq 0 holds exactly the accepted prefix after each verification, no other sequence
     holds anything, and the next verification's root logits match a fresh context's: bit for bit
-    while no rejected branch has left a hole before the live cells, then up to the rounding of
+    at the first one (the second was 0.0 on the AVX2 machines and 0.62 on an AVX-512 one, session 7:
+    a hole left earlier or that CPU's rounding, not told apart), then up to the rounding of
     llama.cpp's CPU attention, which depends on where the cells lie (docs/trees.md: a shifted but
     otherwise identical plain context differs by up to 0.7 on this model), with the same argmax."""
     gen = _gen(smollm, (2, 1, 1))
@@ -91,7 +116,8 @@ def test_memory_holds_the_accepted_prefix(smollm):
         n = len(r.prompt_tokens) + len(r.tokens)
         assert gen.ctx.pos_max(0) <= n - 1
         assert all(gen.ctx.pos_max(s) == -1 for s in range(1, gen.ctx.n_seq_max))
-        assert len(check.errors) >= 3 and check.errors[0] == 0.0 and check.errors[1] == 0.0, check.errors
+        # the first tree verification follows a plain prefill: no hole yet, so bit for bit
+        assert len(check.errors) >= 3 and check.errors[0] == 0.0, check.errors
         assert max(check.errors) < 3.0 and all(check.argmax_ok), (check.errors, check.argmax_ok)
     finally:
         fresh.close()
