@@ -322,7 +322,7 @@ class SpeculativeGenerator:
         # llama.cpp's default): prefill prompt[:-1], then the first verification is [prompt[-1], drafts..]
         # (invariant 12). Without repacking plain generation's prefill is kept: greedy == plain, bitwise (2).
         # Greedy only for now: a seeded temp>0 run diverged at its first token in this mode (issue 15 report).
-        native = (bool(getattr(drafter, "native_prompt_split", False)) and self.model.repack and not req.tree
+        native = (drafter is not None and drafter.native_prompt_split and self.model.repack and not req.tree
                   and len(req.prompt) > 1 and req.sampler.params.greedy)
         logits = self._prefill(req.prompt, head_only=native)
         t1 = time.perf_counter()
@@ -408,8 +408,8 @@ class SpeculativeGenerator:
         if self.draft_length is not None:
             # per drafter (a chain's member) and per "the last verification kept every draft": copying
             # runs of n-gram drafts are kept whole, other drafts fail early (two survival curves)
-            self._prop_key = (self.drafter.name, getattr(self.drafter, "winner", None), self._last_full)
-            k_cap = min(k_cap, self.draft_length.cut(self._prop_key, len(prop))) if len(prop) > 1 else k_cap
+            self._prop_key = (self.drafter.proposer(), self._last_full)
+            k_cap = min(k_cap, self.draft_length.cut(self._prop_key, len(prop)))
         if len(prop) > k_cap:
             for seq in (prop.tokens, prop.q_ids, prop.q_probs, prop.topk_ids, prop.topk_probs):
                 if seq is not None:
@@ -417,10 +417,11 @@ class SpeculativeGenerator:
         return prop
 
     def _decode_observed(self, tokens: np.ndarray, pos0: int, outputs: OutputsSpec) -> np.ndarray:
-        t0 = time.perf_counter()
+        timer = self.draft_length if outputs == "all" else None   # a verification batch: its cost
+        t0 = time.perf_counter() if timer is not None else 0.0
         logits = self.ctx.decode(tokens, np.arange(pos0, pos0 + len(tokens), dtype=np.int32), 0, outputs)
-        if self.draft_length is not None and outputs == "all":  # a verification batch: its cost
-            self.draft_length.record_decode(len(tokens), time.perf_counter() - t0)
+        if timer is not None:
+            timer.record_decode(len(tokens), time.perf_counter() - t0)
         if self.drafter is not None:
             self.drafter.observe(tokens, pos0, self.ctx)
         return logits

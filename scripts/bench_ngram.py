@@ -215,8 +215,10 @@ def bench(args) -> dict:
                 runs.append(r)
                 print(f"  {cls} #{idx} {arm:28} {r['tps']:7.2f} t/s  {r['accepted']}/{r['drafted']}", file=sys.stderr)
         print(f"# {cls} #{idx} done ({loadavg()})", file=sys.stderr)
+    from llama_spec.drafters.chain import ChainDrafter
+
     chains = {arm: g.drafter.stats_by_drafter() for arm, g in ours.gens.items()
-              if hasattr(g.drafter, "stats_by_drafter")}
+              if isinstance(g.drafter, ChainDrafter)}
     for arm, st in chains.items():
         print(f"# {arm}: {json.dumps(st)}", file=sys.stderr)
     ours.close()

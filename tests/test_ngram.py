@@ -418,6 +418,7 @@ def test_chain_precedence_stats_and_routing():
     assert all("begin" in d.log for d in (empty, a, b))
     prop = chain.draft(CRAFTED, 8, 0.0)            # map-k has a match: it wins over a and b
     assert prop.tokens == [9, 3] and chain.winner == 1 and "draft" not in b.log
+    assert chain.proposer() == "ngram-map-k"       # the key of per-drafter statistics (draft_length)
     chain.accepted(1)
     assert mapk._n_kept[(5, 6)] == 1               # the winner tunes itself
     assert ("accepted", 1) in a.log                # others without other_accepted still hear n

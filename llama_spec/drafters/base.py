@@ -70,6 +70,9 @@ class Drafter:
     # True: observe() never reads the target context's outputs, so a repeated prompt may skip the
     # target's prefill (restore_prompt + observe of the last token on stale outputs). Opt-in.
     observe_without_target_outputs: bool = False
+    # True: with greedy sampling and repacked weights the loop decodes in llama-speculative-simple's
+    # batch shapes (prompt[:-1], then [prompt[-1], drafts..]), so greedy text equals the native tool's.
+    native_prompt_split: bool = False
     # True: drafting runs a model, at a cost comparable to a target step, so a chain with gate=True
     # may skip this member where it does not pay (chain_gate.py). The n-gram drafters cost ~nothing.
     costly: bool = False
@@ -113,6 +116,10 @@ class Drafter:
 
     def restore_prompt(self, n_tokens: int) -> None:
         """Go back to the `snapshot_prompt` point (the same prompt is being reused)."""
+
+    def proposer(self) -> str:
+        """Who made the last proposal (a chain: its winning member); per-drafter statistics key on it."""
+        return self.name
 
     def sit_out_observes(self) -> None:
         """A chain is about to ask others first: do no work in observe() that only pays when this

@@ -89,8 +89,9 @@ class ChainDrafter(Drafter):
             row: dict[str, int | float] = dict(asdict(c))
             row["acceptance_rate"] = c.accepted / c.drafted if c.drafted else 0.0
             out[name] = row
+        names = self.member_names()
         for i, g in self.gates.items():
-            out[self.member_names()[i]].update(g.summary())
+            out[names[i]].update(g.summary())
         return out
 
     def reset_counters(self) -> None:
@@ -170,6 +171,10 @@ class ChainDrafter(Drafter):
                 other(n_accepted)
             else:
                 d.accepted(n_accepted)
+
+    def proposer(self) -> str:
+        """The winning member's unique name (the chain's own name when no member proposed)."""
+        return self.name if self.winner is None else self.member_names()[self.winner]
 
     def sit_out_observes(self) -> None:
         for d in self.drafters:
