@@ -111,6 +111,11 @@ class Drafter:
     def accepted(self, n_accepted: int) -> None:
         """After a verification: how many tokens of the last proposal were kept."""
 
+    def other_accepted(self, n_accepted: int) -> None:
+        """In a chain, after a verification of another member's proposal (llama.cpp's is_other).
+        Default: as accepted() (draft-mtp needs every kept count; draft-simple ignores it)."""
+        self.accepted(n_accepted)
+
     def snapshot_prompt(self, n_tokens: int) -> None:
         """The target holds the first n_tokens prompt tokens: remember this point."""
 

@@ -4,10 +4,10 @@ Per verification the members are asked in order; the first non-empty proposal is
 verified (llama.cpp's common_speculative_draft). Every member still sees the whole request:
 ``configure``, ``bind_grammar``, ``prepare_target``, ``begin``, ``snapshot_prompt``, ``restore_prompt``,
 ``observe`` (every target decode: MTP replays them) and ``close`` go to all of them. After the
-verification the winner gets ``accepted(n)``; every other member gets ``other_accepted(n)`` when
-it has one (the n-gram drafters: a proposal that was not theirs must not tune them, as llama.cpp's
-``is_other``), else ``accepted(n)`` (draft-mtp needs the kept count of every verification to pick
-its hidden row and roll back; draft-simple re-syncs its KV from the history by itself).
+verification the winner gets ``accepted(n)`` and every other member ``other_accepted(n)``. The
+n-gram drafters override it (a proposal that was not theirs must not tune them, as llama.cpp's
+``is_other``); the default forwards to ``accepted(n)`` (draft-mtp needs the kept count of every
+verification to pick its hidden row and roll back; draft-simple re-syncs its KV by itself).
 
 Every member is told ``sit_out_observes()``; draft-simple then turns ``observe_batches`` off: it
 decodes nothing while an earlier member wins, and when its turn comes its lazy sync decodes the
@@ -165,12 +165,8 @@ class ChainDrafter(Drafter):
         for i, d in enumerate(self.drafters):
             if i == w or w is None:
                 d.accepted(n_accepted)   # no winner: every member's own (empty) draft got 0
-                continue
-            other = getattr(d, "other_accepted", None)
-            if other is not None:
-                other(n_accepted)
             else:
-                d.accepted(n_accepted)
+                d.other_accepted(n_accepted)
 
     def proposer(self) -> str:
         """The winning member's unique name (the chain's own name when no member proposed)."""
