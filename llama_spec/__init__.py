@@ -42,6 +42,7 @@ _EXPORTS = {
     "DecodeError": "errors",
     "ContextError": "errors",
     "LlamaSpecError": "errors",
+    "Llama": "compat.llama",
 }
 
 __all__ = sorted(_EXPORTS)
@@ -50,6 +51,7 @@ if TYPE_CHECKING:  # what type checkers see; at run time every name is imported 
     from .backends import add_rpc_server, devices
     from .batch import BatchGenerator, GenerationRequest, generate_batch
     from .chat_api import ChatCompletion, chat
+    from .compat.llama import Llama
     from .context import Context, MtpContext
     from .drafters.base import Drafter, Proposal
     from .drafters.draft_model import DraftModelDrafter

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
+import importlib
 import json
 import sys
 from collections.abc import Callable
@@ -23,7 +23,7 @@ from ..sampling import SamplerParams
 from ..speculative import N_MAX_LIMIT, SpeculativeGenerator
 from ..stats import TopKStats, topk_settings
 
-PLOT_INSTALL_HINT = "pip install matplotlib  (or: pip install 'llama-spec[test]')"
+PLOT_INSTALL_HINT = "pip install 'llama-spec[plot]'"
 
 
 def sampling_params(ns: argparse.Namespace) -> SamplerParams:
@@ -125,9 +125,15 @@ def drafter_factory(ns: argparse.Namespace, target: Model, types: list[str]
 
 
 def check_plot_available(ns: argparse.Namespace) -> None:
-    """--spec-topk-stats-plot needs matplotlib: say what to install before generating anything."""
-    if getattr(ns, "spec_topk_stats_plot", None) and importlib.util.find_spec("matplotlib") is None:
-        raise ValueError(f"--spec-topk-stats-plot needs matplotlib, which is not installed: {PLOT_INSTALL_HINT}")
+    """--spec-topk-stats-plot needs matplotlib: say what to install (one line, exit 2) before
+    generating anything. Imported, not looked up: a broken or blocked install fails here too."""
+    if not getattr(ns, "spec_topk_stats_plot", None):
+        return
+    try:
+        importlib.import_module("matplotlib")
+    except ImportError:
+        raise ValueError("--spec-topk-stats-plot needs the plot extra (matplotlib is not installed): "
+                         f"{PLOT_INSTALL_HINT}") from None
 
 
 def build_generator(ns: argparse.Namespace) -> tuple[SpeculativeGenerator, TopKStats | None]:

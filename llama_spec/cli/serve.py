@@ -12,6 +12,7 @@ and every context and model is freed.
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import os
 import signal
@@ -22,7 +23,8 @@ from typing import Any
 
 from .args import add_model_args, add_spec_type_args
 
-__all__ = ["add_parser", "add_serve_parser", "build_engine", "cmd_serve", "run"]
+__all__ = ["SERVER_INSTALL_HINT", "add_parser", "add_serve_parser", "build_engine", "cmd_serve",
+           "missing_server_extra", "run"]
 
 log = logging.getLogger("llama_spec.server")
 _LOOPBACK = ("127.0.0.1", "localhost", "::1")
@@ -82,8 +84,26 @@ def _on_sigterm(signum: int, frame: Any) -> None:
     raise _Terminated
 
 
+SERVER_INSTALL_HINT = "pip install 'llama-spec[server]'"
+
+
+def missing_server_extra() -> str | None:
+    """The first package of the ``[server]`` extra that cannot be imported, or None."""
+    for name in ("uvicorn", "starlette"):
+        try:
+            importlib.import_module(name)
+        except ImportError:
+            return name
+    return None
+
+
 def cmd_serve(ns: argparse.Namespace) -> int:
     """Load, start the worker, run uvicorn until Ctrl-C/SIGTERM, then stop and free everything."""
+    missing = missing_server_extra()
+    if missing is not None:  # one line and exit 2, before any model is loaded
+        print(f"llama-spec serve needs the server extra ({missing} is not installed): {SERVER_INSTALL_HINT}",
+              file=sys.stderr)
+        return 2
     import uvicorn
 
     from ..server.app import ServerConfig, create_app
