@@ -18,14 +18,14 @@ _EXPORTS = {
     "SamplerParams": "sampling",
     "TargetSampler": "sampling",
     "ReasoningBudget": "sampling",
-    "SpeculativeGenerator": "speculative",
-    "GenerationResult": "speculative",
-    "SpecStats": "speculative",
-    "generate": "speculative",
-    "TokenEvent": "speculative",
-    "BatchGenerator": "batch",
-    "GenerationRequest": "batch",
-    "generate_batch": "batch",
+    "SpeculativeGenerator": "generation.solo",
+    "GenerationResult": "generation.solo",
+    "SpecStats": "generation.solo",
+    "generate": "generation.solo",
+    "TokenEvent": "generation.solo",
+    "BatchGenerator": "generation.batch",
+    "GenerationRequest": "generation.batch",
+    "generate_batch": "generation.batch",
     "Drafter": "drafters.base",
     "Proposal": "drafters.base",
     "DraftModelDrafter": "drafters.draft_model",
@@ -49,7 +49,6 @@ __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers see; at run time every name is imported on first use
     from .backends import add_rpc_server, devices
-    from .batch import BatchGenerator, GenerationRequest, generate_batch
     from .chat_api import ChatCompletion, chat
     from .compat.llama import Llama
     from .context import Context, MtpContext
@@ -58,10 +57,11 @@ if TYPE_CHECKING:  # what type checkers see; at run time every name is imported 
     from .drafters.mtp import MtpDrafter
     from .errors import ContextError, DecodeError, LlamaSpecError, ModelLoadError, RpcConnectionError
     from .evaluation import perplexity
+    from .generation.batch import BatchGenerator, GenerationRequest, generate_batch
+    from .generation.solo import GenerationResult, SpecStats, SpeculativeGenerator, TokenEvent, generate
     from .model import Model
     from .rpc import local_rpc_servers
     from .sampling import ReasoningBudget, SamplerParams, TargetSampler
-    from .speculative import GenerationResult, SpecStats, SpeculativeGenerator, TokenEvent, generate
     from .stats import TopKStats
 
 

@@ -132,8 +132,8 @@ class SpecStats(Observer):
         self.extra_accepted += v.n_extra
         self.fallback_positions += v.n_fallback
         # a tree proposal: positions are depths, and a bonus follows an accepted leaf (not k kept nodes)
-        at_leaf = getattr(v.proposal, "ended_at_leaf", None)
-        depth = k if at_leaf is None else v.proposal.depth  # type: ignore[attr-defined]
+        at_leaf = None if v.tree is None else v.tree_outcome.ended_at_leaf
+        depth = v.proposal.depth
         n_reached = min(n_out, depth)
         for i in range(n_reached):
             self.reached[i] += 1
@@ -212,17 +212,17 @@ class TopKStats(Observer):
     def on_verify(self, v: Verification) -> None:
         if not len(v.proposal):
             return
-        n_chain = getattr(v.proposal, "n_chain", None)
-        if n_chain is None:
+        if v.tree is None:
             self.record(v.proposal, v.emitted, v.n_accepted)
             return
+        n_chain = v.tree_outcome.n_chain
         # A tree: the histogram stays a chain's (its first-child path, which is what the chain would
         # have drafted), and the tree's own accepted length is counted next to that chain's.
         self.tree_verifications += 1
         self.tree_accepted += v.n_accepted
         self.tree_chain_accepted += int(n_chain)
-        self.tree_width1 = max(self.tree_width1, len(v.proposal.children[0]))  # type: ignore[attr-defined]
-        n_pos = min(int(n_chain) + 1, v.proposal.depth)  # type: ignore[attr-defined]
+        self.tree_width1 = max(self.tree_width1, len(v.tree.children[0]))
+        n_pos = min(int(n_chain) + 1, v.tree.depth)
         self.record(v.proposal, v.emitted[:n_pos], min(int(n_chain), n_pos), n_positions=n_pos)
 
     def measured_tree_gain(self) -> dict | None:

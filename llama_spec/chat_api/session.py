@@ -28,10 +28,10 @@ from typing import Any, Literal, overload
 from ..drafters.base import Drafter
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
+from ..generation.solo import SpeculativeGenerator
 from ..model import Model
 from ..models_registry import resolve_model
 from ..sampling import ReasoningBudget, SamplerParams
-from ..speculative import SpeculativeGenerator
 from ..types import FinishReason
 from .prompt import PreparedPrompt, make_budget, prepare_prompt
 from .results import ChatCompletion, ChatCompletionChunk, ChatMessage, Choice, ChoiceDelta, ChunkChoice, Usage

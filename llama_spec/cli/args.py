@@ -108,6 +108,13 @@ def add_spec_type_args(ap: argparse.ArgumentParser) -> None:
     for flag, (kind, knob, default) in NGRAM_CLI_FLAGS.items():
         ap.add_argument(flag, type=int, default=default, dest=flag.lstrip("-").replace("-", "_"),
                         help=f"{kind}: {knob} (default {default})")
+    ap.add_argument("--spec-draft-adaptive", action="store_true",
+                    help="cut each proposal to the length with the most expected tokens per second, from the "
+                    "measured verification cost and each drafter's kept-draft rates (speed only; not with trees)")
+    ap.add_argument("--spec-draft-tree", default=None, metavar="W1,W2,..",
+                    help="tree drafts (draft-simple): candidates per depth, e.g. 3,1,1 = three at depth 1, a chain "
+                    "after each; verified exactly in one target batch (docs/trees.md); serve: the default shape "
+                    "and the largest a request's \"tree\" may ask for")
 
 
 def add_spec_args(ap: argparse.ArgumentParser) -> None:
@@ -121,12 +128,6 @@ def add_spec_args(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--spec-verify", choices=("token", "block", "exact-match"), default="token",
                     help="verification rule when drafts come with q: token (rejection sampling, default), "
                     "block (the drafts verified jointly) or exact-match; --no-spec-draft-sample forces exact-match")
-    ap.add_argument("--spec-draft-adaptive", action="store_true",
-                    help="cut each proposal to the length with the most expected tokens per second, from the "
-                    "measured verification cost and each drafter's kept-draft rates (speed only; not with trees)")
-    ap.add_argument("--spec-draft-tree", default=None, metavar="W1,W2,..",
-                    help="tree drafts (draft-simple): candidates per depth, e.g. 3,1,1 = three at depth 1, a chain "
-                    "after each; verified exactly in one target batch (docs/trees.md)")
     ap.add_argument("--spec-draft-device", default=None, help="device name for the draft model (see `llama-spec devices`)")
     ap.add_argument("--spec-topk-stats", action="store_true", default=None, help="per-position top-k draft statistics (env LLAMA_MTP_TOPK_STATS)")
     ap.add_argument("--spec-topk-stats-every", type=int, default=None, help="report every N verifications (env LLAMA_MTP_TOPK_STATS_EVERY, default 128)")

@@ -16,11 +16,11 @@ from ..drafters.draft_batch import DraftSimpleFactory
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_drafter, parse_spec_types
+from ..generation.solo import N_MAX_LIMIT, SpeculativeGenerator
 from ..grammar import json_schema_to_grammar
 from ..model import Model
 from ..models_registry import resolve_model
 from ..sampling import SamplerParams
-from ..speculative import N_MAX_LIMIT, SpeculativeGenerator
 from ..stats import TopKStats, topk_settings
 
 PLOT_INSTALL_HINT = "pip install 'llama-spec[plot]'"

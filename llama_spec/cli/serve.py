@@ -54,7 +54,7 @@ add_parser = add_serve_parser  # the cli package's command-module convention
 
 def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], None]], str]:
     """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
-    from ..batch import BatchGenerator
+    from ..generation.batch import BatchGenerator, SlotFactory
     from ..server.engine import ServerEngine
     from .build import context_options, drafter_factory, load_model, spec_n_max, spec_types
 
@@ -67,11 +67,15 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
     factory, draft_closers = drafter_factory(ns, target, types)
     closers[:0] = draft_closers  # the draft model is freed before the target
     n_max, ctx_opts = spec_n_max(ns, types), context_options(ns)
+    tree = getattr(ns, "spec_draft_tree", None)
+    if tree and isinstance(factory, SlotFactory):
+        factory = factory.__call__  # a tree branches the draft KV: a draft context per slot, not a shared one
 
     def make_batch() -> Any:  # runs in the engine's worker thread, which then owns the contexts
         return BatchGenerator(target, factory, n_parallel=ns.parallel, n_ctx=ns.ctx_size,
                               n_batch=ns.batch_size, n_threads=ns.threads, n_max=n_max,
-                              context_options=ctx_opts)
+                              context_options=ctx_opts, tree=tree,
+                              adaptive_draft=getattr(ns, "spec_draft_adaptive", False))
 
     return ServerEngine(make_batch, max_queue=ns.queue_size), target, closers, mode
 

@@ -6,13 +6,23 @@ returns a proposal with ``q_ids is None``: that verification then uses the exact
 
 Only :meth:`Drafter.draft` must be overridden; every other hook has a working default. See
 docs/drafters.md for two complete, tested examples.
+
+The required core is ``draft`` (and ``accepted``, ``configure``, ``observe``, ``close`` with
+defaults). Capabilities are *declared* and checked once, when a generator is built, never probed
+per verification:
+
+* :class:`TreeDrafting` (``enable_tree`` + ``draft_tree``): the drafter drafts trees;
+* ``draft_group()`` returning a :class:`DraftGroup`: slot drafters of one shared draft context,
+  drafted together by a batch (draft-simple through ``DraftSimpleFactory``);
+* flags: ``native_prompt_split``, ``observe_without_target_outputs`` (prompt snapshots), ``costly``
+  (a model member a chain may gate).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 import numpy as np
 
@@ -20,6 +30,8 @@ if TYPE_CHECKING:  # annotations only: the base stays importable without the com
     from ..context import Context
     from ..grammar import GrammarState
     from ..sampling import SamplerParams
+    from .draft_batch import DraftRequest
+    from .tree import TreeProposal
 
 TOPK_WIDTH = 8  # candidates remembered per draft position for the top-k statistics
 
@@ -38,7 +50,14 @@ class Proposal:
     # rejection rules stay exact under a grammar; False there means the exact-match fallback.
     q_grammar_masked: bool = False
 
+    is_tree = False   # the declared interface Proposal and TreeProposal share (see TreeProposal)
+
     def __len__(self) -> int:
+        return len(self.tokens)
+
+    @property
+    def depth(self) -> int:
+        """Draft positions (a chain: its length; a tree: its deepest node's depth)."""
         return len(self.tokens)
 
     @property
@@ -50,6 +69,49 @@ class Proposal:
             and len(self.q_ids) == len(self.tokens)
             and len(self.q_probs) == len(self.tokens)
         )
+
+    def truncate(self, k: int) -> None:
+        """Keep the first k drafts (a prefix of a draft is a draft from the same q)."""
+        if len(self.tokens) <= k:
+            return
+        for seq in (self.tokens, self.q_ids, self.q_probs, self.topk_ids, self.topk_probs):
+            if seq is not None:
+                del seq[k:]
+
+
+class TargetRows(Protocol):
+    """What ``Drafter.observe`` may read of the target's last decode: one sequence's rows of it."""
+
+    def nextn_rows(self, n_rows: int | None = None) -> np.ndarray:
+        """The MTP hidden rows of this sequence's tokens of the decode, (n_rows, n_embd) float32."""
+        ...
+
+
+@runtime_checkable
+class TreeDrafting(Protocol):
+    """Capability: the drafter drafts tree proposals (draft-simple does)."""
+
+    def enable_tree(self, shape: tuple[int, ...]) -> None:
+        """Before any decode of a request with this shape: ValueError when it cannot branch."""
+        ...
+
+    def draft_tree(self, history: list[int], shape: tuple[int, ...], p_min: float) -> TreeProposal:
+        """A tree proposal of `shape` continuing `history`."""
+        ...
+
+
+class DraftGroup(Protocol):
+    """Capability: slot drafters sharing one draft context, drafted together by a batch."""
+
+    observe_batches: bool  # True: the group decodes every verification batch (observe_group)
+
+    def observe_group(self, items: Sequence[tuple[Drafter, np.ndarray, int]]) -> None:
+        """Each (slot drafter, tokens int32 (n,), pos0) of one verification batch, in one decode."""
+        ...
+
+    def draft_group(self, reqs: Sequence[DraftRequest]) -> list[Proposal | Exception]:
+        """Every request's proposal (a slot's own failure in its place), drafted together."""
+        ...
 
 
 class Drafter:
@@ -100,8 +162,9 @@ class Drafter:
     def begin(self, prompt: list[int]) -> None:
         """A new prompt (not a prompt-cache hit) is about to be prefilled into the target."""
 
-    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
-        """After every target decode of `tokens` (int32 (n,)) at positions pos0 .. pos0 + n - 1."""
+    def observe(self, tokens: np.ndarray, pos0: int, target: TargetRows) -> None:
+        """After every target decode of `tokens` (int32 (n,)) at positions pos0 .. pos0 + n - 1;
+        `target` gives this sequence's rows of that decode (valid during the call)."""
 
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
         """Propose up to n_max tokens continuing `history` (prompt + every emitted token; the last
@@ -129,6 +192,10 @@ class Drafter:
     def sit_out_observes(self) -> None:
         """A chain is about to ask others first: do no work in observe() that only pays when this
         drafter drafts every time (draft-simple stops decoding each target batch and syncs lazily)."""
+
+    def draft_group(self) -> DraftGroup | None:
+        """The shared draft context this slot drafter drafts in with others (None: its own)."""
+        return None
 
     def close(self) -> None:
         """Free the drafter's own resources (contexts)."""

@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, TargetRows
 from .chain_gate import MemberGate, StepClock
 
 if TYPE_CHECKING:  # annotations only: the chain needs no compiled binding itself
@@ -129,7 +129,7 @@ class ChainDrafter(Drafter):
         for d in self.drafters:
             d.restore_prompt(n_tokens)
 
-    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
+    def observe(self, tokens: np.ndarray, pos0: int, target: TargetRows) -> None:
         for d in self.drafters:
             d.observe(tokens, pos0, target)
 

@@ -23,8 +23,10 @@ Threading: the SharedDraftModel is used by the thread that drives its BatchGener
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import cast
 
 import numpy as np
 
@@ -36,6 +38,7 @@ from .mirror import ProposalBuilder
 
 __all__ = ["DraftSimpleFactory", "DraftRequest", "SharedDraftModel"]
 
+log = logging.getLogger(__name__)
 _PAD = 256  # llama.cpp rounds every sequence's context up to a multiple of 256 cells
 _JOINT_SYNC = 16  # a sync of at most this many tokens joins the slots' joint decode; longer ones prefill alone
 
@@ -76,6 +79,24 @@ class SharedDraftModel:
     def close(self) -> None:
         """Free the draft context (every slot drafter's close() comes here; idempotent)."""
         self.ctx.close()
+
+    # -- the DraftGroup capability (what the step core calls) -------------------------------------
+    def observe_group(self, items: Sequence[tuple[Drafter, np.ndarray, int]]) -> None:
+        """observe_many; a failed decode only re-syncs the slots' drafts (drafts change speed only)."""
+        try:
+            self.observe_many([(cast(DraftModelDrafter, d), t, p) for d, t, p in items])
+        except Exception as e:  # noqa: BLE001 - drafts change speed only: re-sync them next draft
+            log.warning("draft decode of a batch failed (%s): the slots' drafts re-sync", e)
+
+    def draft_group(self, reqs: Sequence[DraftRequest]) -> list[Proposal | Exception]:
+        """draft_many; when the joint draft fails, no drafts this step (exactness is unaffected)."""
+        try:
+            return self.draft_many(reqs)
+        except Exception as e:  # noqa: BLE001
+            log.warning("batched draft failed (%s): this step verifies no drafts", e)
+            for r in reqs:
+                r.drafter.forget_after(0)
+            return [Proposal() for _ in reqs]
 
     def observe_many(self, items: Sequence[tuple[DraftModelDrafter, np.ndarray, int]]) -> None:
         """Each (slot drafter, tokens int32 (n,), pos0) of one verification batch, in one decode:

@@ -16,12 +16,12 @@ from ..context import Context
 from ..model import Model
 from ..sampling import SamplerParams
 from ..tree_shape import build_tree
-from .base import Drafter, Proposal
+from .base import Drafter, DraftGroup, Proposal, TargetRows
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng
 
 
-class SharedContextOwner(Protocol):
+class SharedContextOwner(DraftGroup, Protocol):
     """What a drafter needs of the owner of a shared draft context (draft_batch.SharedDraftModel;
     named here, not imported, so draft_batch can build on this module without a cycle)."""
 
@@ -69,7 +69,7 @@ class DraftModelDrafter(Drafter):
     native_prompt_split = True
     observe_without_target_outputs = True  # its own context only
 
-    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
+    def observe(self, tokens: np.ndarray, pos0: int, target: TargetRows) -> None:
         """Decode every target batch (tokens (n,) at pos0..) in this context too, in the same shape,
         last row out: llama.cpp's draft-simple process(); the KV then matches native's bit for bit.
         With observe_batches False nothing happens here: the next draft's sync decodes what is missing."""
@@ -176,6 +176,9 @@ class DraftModelDrafter(Drafter):
             for s in range(1, n_seq + 1):
                 self.ctx.seq_rm(s, -1, -1)
         return build.prop
+
+    def draft_group(self) -> DraftGroup | None:
+        return self.shared
 
     def close(self) -> None:
         if self._owns_ctx:

@@ -20,7 +20,7 @@ import numpy as np
 from ..context import Context, MtpContext
 from ..model import Model
 from ..sampling import SamplerParams
-from .base import Drafter, Proposal
+from .base import Drafter, Proposal, TargetRows
 from .mirror import MirrorSampler, ProposalBuilder
 
 
@@ -77,7 +77,7 @@ class MtpDrafter(Drafter):
         self.ctx.rollback(0, n_tokens)
         self.pending_h[:] = self._prompt_h
 
-    def observe(self, tokens: np.ndarray, pos0: int, target: Context) -> None:
+    def observe(self, tokens: np.ndarray, pos0: int, target: TargetRows) -> None:
         """Replay a target batch into the MTP context as (x_{p+1}, h_p) pairs."""
         n = len(tokens)
         h = target.nextn_rows(n)

@@ -30,7 +30,9 @@ _TREE_SEED_SALT = 0x7EE5_D0C5  # the tree RNG (sibling draws) is seeded apart fr
 
 @dataclass
 class TreeProposal:
-    """Nodes of a tree draft; see the module docstring. The tree rule fills ``path``/``n_chain``."""
+    """Nodes of a tree draft; see the module docstring. It declares Proposal's interface (tokens,
+    q_ids/q_probs per node, has_q, q_grammar_masked, topk_*, depth); the tree rule's outcome is a
+    TreeOutcome of the verification, not a field of the proposal."""
 
     tokens: list[int] = field(default_factory=list)            # node tokens, breadth first
     parent: list[int] = field(default_factory=list)            # -1 = child of the root
@@ -42,11 +44,9 @@ class TreeProposal:
     # top-k candidates along the first-child chain (what a chain draft would have had), per depth
     topk_ids: list[np.ndarray] | None = None
     topk_probs: list[np.ndarray] | None = None
-    # -- filled by the tree rule ------------------------------------------------------------
-    path: list[int] = field(default_factory=list)   # accepted nodes, root to leaf
-    n_chain: int = 0            # leading accepted first children: what the chain would have kept
-    ended_at_leaf: bool = False  # every position on the path was accepted up to a leaf (bonus)
     _layout: TreeLayout | None = field(default=None, repr=False)
+
+    is_tree = True
 
     def __len__(self) -> int:
         return len(self.tokens)

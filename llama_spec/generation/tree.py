@@ -1,13 +1,14 @@
 """The loop's tree path: check a tree shape, draft a tree, verify it in ONE target batch, keep
 the accepted path (docs/design.md invariant 7).
 
-Target memory, one sequence per path s of the tree (seq 0 = path 0 = the committed tokens):
-before the batch every path sequence gets the committed prefix (seq_cp 0 -> s, shared cells in a
-unified KV cache); the batch [root, node 0 .. node n - 1] at positions pos0 + depth puts each
-node's KV cell in every sequence of the paths through it, so attention over sequence s sees
-exactly a node's ancestors. Afterwards a path through the last accepted node is kept
-(seq_keep), cut after that node (seq_rm) and, if it is not seq 0, moved to seq 0: seq 0 holds
-exactly the accepted prefix and no other sequence holds anything.
+Target memory, one sequence per path s of the tree, numbered from the slot's base seq id b (seq
+b = path 0 = the committed tokens): before the batch every path sequence gets the committed prefix
+(seq_cp b -> b + s, shared cells in a unified KV cache); the batch [root, node 0 .. node n - 1] at
+positions pos0 + depth puts each node's KV cell in every sequence of the paths through it, so
+attention over sequence b + s sees exactly a node's ancestors. Afterwards a path through the last
+accepted node is kept, the slot's other path sequences are emptied, the kept one is cut after
+that node and, if it is not seq b, moved to seq b: seq b holds exactly the accepted prefix and
+no other sequence of the slot holds anything. Other slots' sequences are never touched.
 
 Recurrent and hybrid targets are refused (ValueError, before any decode): llama.cpp keeps one
 recurrent state per sequence *set*, splits such batches sequentially, and refuses a token that
@@ -18,33 +19,36 @@ supported when there are coupled sequences"); see docs/trees.md.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from .drafters.tree import TreeProposal
-from .tree_shape import build_tree, parse_tree_shape, tree_node_count
+from ..drafters.base import TreeDrafting
+from ..drafters.tree import TreeProposal
+from ..tree_shape import build_tree, parse_tree_shape, tree_node_count
 
 if TYPE_CHECKING:
-    from .context import Context
-    from .drafters.base import Drafter
-    from .model import Model
+    from ..context import Context
+    from ..drafters.base import Drafter
+    from ..model import Model
 
-__all__ = ["TreeProposal", "check_tree", "commit_tree", "decode_tree", "propose_tree", "tree_n_seqs"]
+__all__ = ["TreeProposal", "check_tree", "commit_tree", "propose_tree", "tree_n_seqs", "tree_rows"]
 
 
-def check_tree(value: str | Sequence[int], target: Model, drafter: Drafter | None) -> tuple[int, ...]:
-    """The parsed shape, after checking the target and drafter can verify it (ValueError naming `tree`)."""
+def check_tree(value: str | Sequence[int], target: Model, drafters: Sequence[Drafter | None],
+               capable: Sequence[bool]) -> tuple[int, ...]:
+    """The parsed shape, after checking the target and every drafter can verify it (ValueError
+    naming `tree`). capable[i]: drafters[i] declares TreeDrafting (checked once by the caller)."""
     shape = parse_tree_shape(value, "tree")
     if target.is_recurrent or target.is_hybrid:
         raise ValueError(f"tree: the target {target.path} is {'hybrid ' if target.is_hybrid else ''}recurrent; "
                          "a tree needs one recurrent state per path and llama.cpp refuses a token in several "
                          "sequences of a recurrent cache (docs/trees.md)")
-    enable = getattr(drafter, "enable_tree", None)
-    if drafter is None or enable is None or getattr(drafter, "draft_tree", None) is None:
-        name = "no drafter" if drafter is None else f"drafter {drafter.name!r}"
-        raise ValueError(f"tree: {name} cannot draft trees (draft-simple can)")
-    enable(shape)  # the drafter's own checks (draft-mtp refuses) and its context
+    for d, ok in zip(drafters, capable, strict=True):
+        if d is None or not ok:
+            name = "no drafter" if d is None else f"drafter {d.name!r}"
+            raise ValueError(f"tree: {name} cannot draft trees (draft-simple can)")
+        cast(TreeDrafting, d).enable_tree(shape)  # the drafter's own checks (draft-mtp refuses) and its context
     return shape
 
 
@@ -53,7 +57,7 @@ def tree_n_seqs(shape: Sequence[int]) -> int:
     return build_tree(shape).n_seqs
 
 
-def propose_tree(drafter: Drafter, history: list[int], shape: tuple[int, ...], k_cap: int, room: int,
+def propose_tree(drafter: TreeDrafting, history: list[int], shape: tuple[int, ...], k_cap: int, room: int,
                  p_min: float) -> TreeProposal:
     """The drafter's tree for the next verification: depth cut to k_cap, nodes to `room` KV cells."""
     shape = shape[:max(k_cap, 0)]
@@ -61,28 +65,31 @@ def propose_tree(drafter: Drafter, history: list[int], shape: tuple[int, ...], k
         shape = shape[:-1]
     if not shape:
         return TreeProposal()
-    return drafter.draft_tree(history, shape, p_min)  # type: ignore[attr-defined]
+    return drafter.draft_tree(history, shape, p_min)
 
 
-def decode_tree(ctx: Context, prop: TreeProposal, root: int, pos0: int) -> tuple[np.ndarray, np.ndarray]:
-    """One target batch [root, nodes] at [pos0, pos0 + depth]; returns (batch int32, logits (n + 1, n_vocab))."""
+def tree_rows(ctx: Context, prop: TreeProposal, pos0: int, base: int) -> tuple[np.ndarray, list[list[int]]]:
+    """Give every path sequence of the slot the committed prefix; return the batch rows' positions
+    int32 (n + 1,) and seq sets for [root, nodes] at [pos0, pos0 + depth]."""
     lay = prop.layout
     n_seq = max(lay.n_seqs, 1)
     for s in range(1, n_seq):
-        ctx.seq_cp(0, s)
-    batch = np.asarray([root, *prop.tokens], dtype=np.int32)
+        ctx.seq_cp(base, base + s)
     pos = np.concatenate(([pos0], lay.positions(pos0))).astype(np.int32)
-    sets = [list(range(n_seq)), *(list(s) for s in lay.seq_ids)]
-    return batch, ctx.decode_seq_sets(batch, pos, sets, "all")
+    sets = [list(range(base, base + n_seq)), *([base + x for x in s] for s in lay.seq_ids)]
+    return pos, sets
 
 
-def commit_tree(ctx: Context, prop: TreeProposal, pos0: int) -> None:
-    """Keep [.., root, accepted path] in seq 0 and nothing else (after the rule filled prop.path)."""
+def commit_tree(ctx: Context, prop: TreeProposal, path: Sequence[int], pos0: int, base: int, width: int) -> None:
+    """Keep [.., root, accepted path] in seq `base` and nothing in the slot's other sequences
+    [base + 1, base + width) (after the rule decided `path`, the accepted nodes)."""
     lay = prop.layout
-    n_acc = len(prop.path)
-    keep = lay.seq_ids[prop.path[-1]][0] if n_acc else 0
-    ctx.seq_keep(keep)
+    n_acc = len(path)
+    keep = base + (lay.seq_ids[path[-1]][0] if n_acc else 0)
+    for s in range(base, base + width):
+        if s != keep:
+            ctx.seq_rm(s, -1, -1)
     ctx.seq_rm(keep, pos0 + n_acc + 1, -1)
-    if keep != 0:
-        ctx.seq_cp(keep, 0)
+    if keep != base:
+        ctx.seq_cp(keep, base)
         ctx.seq_rm(keep, -1, -1)

@@ -39,6 +39,7 @@ from ..accept import p_is_normalized
 from ..drafters.base import Proposal
 
 if TYPE_CHECKING:
+    from ..drafters.tree import TreeProposal
     from ..sampling import TargetSampler
 
 VerifyName = Literal["token", "block", "exact-match"]
@@ -46,6 +47,15 @@ RULE_NAMES: tuple[str, ...] = ("token", "block", "exact-match")
 
 # (emitted index, p ids int32 (n,), p probs float32 (n,), q ids | None, q probs | None)
 PQEntry = tuple[int, np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+
+
+@dataclass
+class TreeOutcome:
+    """What the tree rule decided for one tree proposal (filled by TreeRule.verify)."""
+
+    path: list[int] = field(default_factory=list)  # accepted nodes, root to leaf
+    n_chain: int = 0             # leading accepted first children: what the chain would have kept
+    ended_at_leaf: bool = False  # every position on the path was accepted up to a leaf (bonus)
 
 
 @dataclass(eq=False)
@@ -66,7 +76,9 @@ class Verification:
     pos0: int = 0                   # position of batch[0] (the last token emitted before)
     batch: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))  # int32 (k+1,)
     logits: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), dtype=np.float32))  # (k+1, n_vocab)
-    proposal: Proposal = field(default_factory=Proposal)
+    proposal: Proposal | TreeProposal = field(default_factory=Proposal)
+    tree: TreeProposal | None = None   # the proposal, when it is a tree (the tree rule reads it)
+    tree_outcome: TreeOutcome = field(default_factory=TreeOutcome)
     rule: str = "exact-match"       # the rule that decided (after fallbacks)
     first: bool = False             # the first token after the prompt (nothing to verify)
     emitted_index: int = 0          # index in the generation of emitted[0]
@@ -76,10 +88,13 @@ class Verification:
     n_fallback: int = 0             # positions where p was not normalized (exact-match used there)
     pq: list[PQEntry] | None = None
 
-    def begin(self, pos0: int, batch: np.ndarray, logits: np.ndarray, proposal: Proposal, rule: str,
-              emitted_index: int, first: bool = False) -> None:
-        """Reset the per-verification fields (the loop calls it before Rule.verify)."""
+    def begin(self, pos0: int, batch: np.ndarray, logits: np.ndarray, proposal: Proposal | TreeProposal, rule: str,
+              emitted_index: int, first: bool = False, *, tree: TreeProposal | None = None) -> None:
+        """Reset the per-verification fields (the loop calls it before Rule.verify); tree: the
+        proposal again when it is a tree (requires: tree is None or tree is proposal)."""
         self.pos0, self.batch, self.logits, self.proposal, self.rule = pos0, batch, logits, proposal, rule
+        self.tree = tree
+        self.tree_outcome = TreeOutcome()
         self.emitted_index, self.first = emitted_index, first
         self.emitted.clear()
         self.n_accepted = self.n_extra = self.n_fallback = 0
@@ -131,13 +146,13 @@ def exact_match(v: Verification) -> int:
 
 
 # -- fallbacks: the one place (invariant 3) --------------------------------------------------------
-def choose(requested: Rule, exact: Rule, proposal: Proposal, sampler: TargetSampler, switch_on: bool) -> Rule:
+def choose(requested: Rule, exact: Rule, proposal: Proposal | TreeProposal, sampler: TargetSampler, switch_on: bool) -> Rule:
     """The rule that verifies this proposal: `requested`, or `exact` when a fallback applies."""
     if not requested.uses_q:
         return requested
     if not switch_on or len(proposal) == 0 or not proposal.has_q:
         return exact  # the switch off; no proposal; q missing or q length != draft length
-    if sampler.has_grammar and not getattr(proposal, "q_grammar_masked", False):
+    if sampler.has_grammar and not proposal.q_grammar_masked:
         # q ignores the grammar p obeys: drafts are often grammar-invalid, and a sampler clone
         # (block rule) cannot accept an invalid token. A q masked with a clone of the target's
         # grammar state (drafts all valid) keeps the rejection rules exact.

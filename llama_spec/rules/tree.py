@@ -22,7 +22,7 @@ import numpy as np
 from .. import accept as _accept
 from ..accept_tree import accept_node_kernel
 from ..drafters.tree import TreeProposal
-from .base import Rule, Verification, p_falls_back
+from .base import Rule, TreeOutcome, Verification, p_falls_back
 
 
 class TreeRule(Rule):
@@ -31,18 +31,20 @@ class TreeRule(Rule):
     node_kernel = staticmethod(accept_node_kernel)
 
     def verify(self, v: Verification) -> int:
-        prop = v.proposal
-        assert isinstance(prop, TreeProposal)
+        """requires: v.tree is the proposal (Verification.begin(..., tree=...)); fills v.tree_outcome."""
+        prop = v.tree
+        if prop is None:
+            raise ValueError("the tree rule verifies tree proposals only (Verification.begin(..., tree=...))")
         exact = v.sampler.greedy or not _usable_q(prop, v.sampler.has_grammar)
         v.rule = "exact-match" if exact else self.name
-        n = self._walk(v, prop, exact)
+        v.tree_outcome = out = TreeOutcome()
+        n = self._walk(v, prop, out, exact)
         v.n_accepted = n
         return n
 
-    def _walk(self, v: Verification, prop: TreeProposal, exact: bool) -> int:
-        """Emit the accepted path and its recovered/bonus token; fill prop.path and n_chain."""
+    def _walk(self, v: Verification, prop: TreeProposal, out: TreeOutcome, exact: bool) -> int:
+        """Emit the accepted path and its recovered/bonus token; fill out.path and n_chain."""
         sampler, rows, rng, scratch = v.sampler, v.logits, v.rng, v.scratch
-        prop.path, prop.n_chain, prop.ended_at_leaf = [], 0, False
         chain, r, depth = True, 0, 0
         while True:
             kids = prop.children[r]
@@ -56,7 +58,7 @@ class TreeRule(Rule):
                     v.pq.append((v.emitted_index + depth, ids.copy(), probs.copy(),
                                  prop.row_q_ids[r] if has_q else None, prop.row_q_probs[r] if has_q else None))
             if not kids:  # a leaf (or an empty tree): the bonus, the target's own sample
-                prop.ended_at_leaf = True
+                out.ended_at_leaf = True
                 v.emit(sampled, False)
                 return depth
             toks = [prop.tokens[i] for i in kids]
@@ -73,8 +75,8 @@ class TreeRule(Rule):
             ok = idx >= 0
             if ok:
                 chain = chain and idx == 0
-                prop.path.append(kids[idx])
-                prop.n_chain += int(chain)
+                out.path.append(kids[idx])
+                out.n_chain += int(chain)
             if not v.emit(tok, ok) or not ok:
                 return depth + 1 if ok else depth
             depth += 1

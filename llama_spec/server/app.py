@@ -34,8 +34,8 @@ from starlette.routing import Route
 
 from .. import chat_api
 from ..errors import RequestError
+from ..generation.solo import GenerationResult
 from ..model import Model
-from ..speculative import GenerationResult
 from .engine import GenerationRequest, RequestHandle, ServerEngine
 from .schema import ChatRequest, CompletionRequest, parse_chat, parse_completion, parse_json
 
@@ -126,7 +126,7 @@ class _Api:
     def submit(self, req: ChatRequest | CompletionRequest, tokens: list[int], param: str) -> RequestHandle:
         n = self.limit(len(tokens), req.max_tokens, param)
         g = GenerationRequest(prompt=tokens, sampling=req.sampling, n_predict=n, seed=req.seed, stop=tuple(req.stop),
-                              verify=req.verify, n_max=req.n_max, ignore_eos=req.ignore_eos)
+                              verify=req.verify, n_max=req.n_max, ignore_eos=req.ignore_eos, tree=req.tree)
         return self.engine.submit(g, asyncio.get_running_loop())
 
     async def next_item(self, h: RequestHandle, request: Request) -> tuple[str, Any]:

@@ -25,9 +25,9 @@ import threading
 from collections.abc import Callable
 from typing import Any, Protocol
 
-from ..batch import GenerationRequest
 from ..errors import RequestError, SequenceError
-from ..speculative import GenerationResult, TokenEvent
+from ..generation.batch import GenerationRequest
+from ..generation.solo import GenerationResult, TokenEvent
 
 __all__ = ["BatchLike", "GenerationRequest", "RequestHandle", "ServerEngine"]
 

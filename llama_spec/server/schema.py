@@ -17,6 +17,7 @@ from typing import Any
 
 from ..errors import RequestError
 from ..sampling import SamplerParams
+from ..tree_shape import parse_tree_shape
 
 __all__ = ["ChatRequest", "CompletionRequest", "RequestError", "parse_chat", "parse_completion", "parse_json"]
 
@@ -38,6 +39,7 @@ class _Common:
     ignore_eos: bool = False
     n_max: int | None = None
     verify: str | None = None
+    tree: tuple[int, ...] | None = None
 
 
 @dataclass
@@ -187,6 +189,12 @@ def _common(body: Mapping, n_vocab: int, out: _Common) -> None:
     if rule is not None and rule not in RULES:
         raise RequestError(f"'verify' must be one of {', '.join(RULES)}, got {rule!r}", "verify")
     out.verify = rule
+    tree = body.get("tree")
+    if tree is not None:
+        try:
+            out.tree = parse_tree_shape(tree, "tree")
+        except (TypeError, ValueError) as e:
+            raise RequestError(str(e), "tree") from None
 
 
 def _message(i: int, m: Any) -> dict:
