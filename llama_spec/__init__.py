@@ -1,6 +1,6 @@
 """llama-spec: drive llama.cpp from Python and decode speculatively with an exact verifier.
 
-Names are imported lazily, so ``import llama_spec.accept`` (the pure numpy/numba kernel) never
+Names are imported lazily, so ``import llama_spec.kernels.token`` (the pure numpy/numba kernel) never
 loads the compiled llama.cpp binding.
 """
 
@@ -9,7 +9,10 @@ from __future__ import annotations
 import importlib
 from typing import TYPE_CHECKING, Any
 
+from . import _moved
+
 __version__ = "0.1.0"
+_moved.install()  # old module paths (llama_spec.accept, .speculative, ...) keep working for one release
 
 _EXPORTS = {
     "Model": "model",
@@ -56,13 +59,13 @@ if TYPE_CHECKING:  # what type checkers see; at run time every name is imported 
     from .drafters.draft_model import DraftModelDrafter
     from .drafters.mtp import MtpDrafter
     from .errors import ContextError, DecodeError, LlamaSpecError, ModelLoadError, RpcConnectionError
-    from .evaluation import perplexity
     from .generation.batch import BatchGenerator, GenerationRequest, generate_batch
+    from .generation.evaluation import perplexity
     from .generation.solo import GenerationResult, SpecStats, SpeculativeGenerator, TokenEvent, generate
     from .model import Model
+    from .observe.stats import TopKStats
     from .rpc import local_rpc_servers
     from .sampling import ReasoningBudget, SamplerParams, TargetSampler
-    from .stats import TopKStats
 
 
 def __getattr__(name: str) -> Any:

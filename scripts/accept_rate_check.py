@@ -18,7 +18,7 @@ import math
 import sys
 
 from llama_spec import Model, MtpDrafter, SamplerParams, SpecStats, SpeculativeGenerator
-from llama_spec.observers import PQLog
+from llama_spec.observe.observers import PQLog
 from llama_spec.testing.synthetic_mtp import synthetic_mtp_path
 
 

@@ -38,7 +38,7 @@ def native_tg(binary: Path, model: Path, b: int, a: argparse.Namespace) -> float
 
 def ours_tg(model, b: int, a: argparse.Namespace) -> float:
     from llama_spec import SamplerParams
-    from llama_spec.batch import BatchGenerator, GenerationRequest
+    from llama_spec.generation.batch import BatchGenerator, GenerationRequest
 
     prompt = list(range(100, 100 + a.n_prompt_tokens))
     gen = BatchGenerator(model, None, n_parallel=b, n_ctx=a.n_prompt_tokens + a.n_tokens + 16, n_threads=a.threads)
@@ -66,7 +66,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_args(argv)
     sys.path.insert(0, str(ROOT))
     from llama_spec import Model
-    from llama_spec.models_registry import resolve_model
+    from llama_spec.models.registry import resolve_model
 
     path = resolve_model(a.model)
     binary = None

@@ -1,4 +1,4 @@
-"""Benchmark the acceptance kernel (llama_spec.accept): microseconds per call.
+"""Benchmark the acceptance kernel (llama_spec.kernels.token): microseconds per call.
 
 For support sizes 8, 64, 1,024 and 151,936 (q's support is min(size, 64), as the drafter's
 top-k is clamped to [2, 64]; extra full-vocabulary rows: p's ids in vocabulary order, and q over
@@ -10,7 +10,7 @@ token drawn from the residual), times:
   numpy    accept_step_reference(...)                  -- the same rule in plain numpy
 each the median over repeats of (loop time / calls). Also the first call in a fresh process,
 with an empty numba cache (compile) and with a warm one (cache load).
-Block rule (llama_spec.accept_block), k = 3 positions of such rows, support 64 and 151,936:
+Block rule (llama_spec.kernels.block), k = 3 positions of such rows, support 64 and 151,936:
 accept_block wrapper / raw accept_block_kernel / accept_block_reference, and the token rule's
 accept_draft_kernel on the same rows, for drafts all accepted and drafts with p = 1e-3 q (the
 block rule then looks at every position and almost always recovers at position 1).
@@ -34,11 +34,11 @@ from pathlib import Path
 
 import numpy as np
 
-from llama_spec import accept as A
-from llama_spec import accept_block as B
-from llama_spec import accept_tree as T
+from llama_spec.kernels import block as B
+from llama_spec.kernels import token as A
+from llama_spec.kernels import tree as T
+from llama_spec.kernels.tree_shape import build_tree
 from llama_spec.testing import reference as R
-from llama_spec.tree_shape import build_tree
 
 N_VOCAB = 151_936
 SIZES = (8, 64, 1_024, N_VOCAB)

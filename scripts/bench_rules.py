@@ -53,7 +53,7 @@ from bench_spec import (  # noqa: E402
     write_text,
 )
 
-from llama_spec.observers import Observer  # noqa: E402
+from llama_spec.observe.observers import Observer  # noqa: E402
 
 RULES = ("token", "block")
 FULL_TEMPS = [0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0]

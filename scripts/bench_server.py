@@ -135,7 +135,7 @@ def burst(url: str, c: int, a: argparse.Namespace, round_no: int) -> tuple[float
 
 
 def resolve(name: str) -> Path:
-    from llama_spec.models_registry import resolve_model
+    from llama_spec.models.registry import resolve_model
 
     return resolve_model(name)
 

@@ -17,11 +17,11 @@ import statistics
 import sys
 import time
 
-from llama_spec.batch import BatchGenerator, GenerationRequest
 from llama_spec.drafters.draft_batch import DraftSimpleFactory
 from llama_spec.drafters.draft_model import DraftModelDrafter
+from llama_spec.generation.batch import BatchGenerator, GenerationRequest
 from llama_spec.model import Model
-from llama_spec.models_registry import resolve_model
+from llama_spec.models.registry import resolve_model
 from llama_spec.sampling import SamplerParams
 
 TOPICS = ("rivers", "bread", "owls", "tea", "maps", "bees", "glass", "chess")

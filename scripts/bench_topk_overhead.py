@@ -24,7 +24,7 @@ import sys
 import time
 
 from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator, TopKStats
-from llama_spec.observers import Observer
+from llama_spec.observe.observers import Observer
 
 
 def main() -> int:

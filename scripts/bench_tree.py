@@ -54,7 +54,7 @@ DEFAULT_SHAPES = ["2,1,1", "3,1,1", "2,2,1"]
 
 def build_arms(args):
     from llama_spec import DraftModelDrafter, Model, SpeculativeGenerator
-    from llama_spec.stats import TopKStats
+    from llama_spec.observe.stats import TopKStats
 
     target = Model(resolve(args.target), repack=args.repack)
     draft = Model(resolve(args.drafter), repack=args.repack)

@@ -163,7 +163,7 @@ for line in sys.stdin:
             tmpl = m.chat_template
             res = "loaded"
             if tmpl is not None:  # untrusted text: compiles or raises TemplateError
-                from llama_spec.chat_template import compile_chat_template
+                from llama_spec.chat_api.template import compile_chat_template
                 from llama_spec.errors import TemplateError
                 try:
                     compile_chat_template(tmpl)

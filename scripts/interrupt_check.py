@@ -21,7 +21,7 @@ import time
 CHILD = r"""
 import json, sys, time
 from llama_spec import Model, SamplerParams, SpeculativeGenerator
-from llama_spec.models_registry import resolve_model
+from llama_spec.models.registry import resolve_model
 path, n_prompt = resolve_model(sys.argv[1]), int(sys.argv[2])
 m = Model(path)
 gen = SpeculativeGenerator(m, None, n_ctx=n_prompt + 256, n_batch=512, n_threads=2)

@@ -84,7 +84,7 @@ def main() -> int:
     ns = ap.parse_args()
     path = ns.model
     if path is None:
-        from llama_spec.models_registry import resolve_model
+        from llama_spec.models.registry import resolve_model
 
         path = Path(resolve_model("smollm2-135m"))
     r = check(ns.cycles, path, ns.warmup)

@@ -71,7 +71,7 @@ def solo_refs(args: argparse.Namespace, prompts: list[str]) -> list[str]:
     """The reference texts: each prompt alone through SpeculativeGenerator (temperature 0, repack off)."""
     from llama_spec import Model, SamplerParams, SpeculativeGenerator
     from llama_spec.drafters.draft_model import DraftModelDrafter
-    from llama_spec.models_registry import resolve_model
+    from llama_spec.models.registry import resolve_model
 
     tm = Model(resolve_model(args.model), repack=False)
     dm = Model(resolve_model(args.model_draft), repack=False)

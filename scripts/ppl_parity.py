@@ -3,7 +3,7 @@
 Three perplexities of one fixed text, n_ctx 512, K chunks, no weight repacking:
 
   on      a fresh process runs a speculative generation with spec_draft_sample=True, then
-          llama_spec.evaluation.perplexity(target, text, n_ctx=512) on the same loaded model
+          llama_spec.generation.evaluation.perplexity(target, text, n_ctx=512) on the same loaded model
   off     the same with spec_draft_sample=False
   native  llama.cpp's `llama-perplexity -c 512 -b 512 --chunks K -nr`
 
@@ -64,7 +64,7 @@ def worker(args) -> int:
     """One process: a speculative generation with the switch on/off, then perplexity."""
     from bench_spec import Pair
 
-    from llama_spec.evaluation import perplexity
+    from llama_spec.generation.evaluation import perplexity
 
     text = Path(args.text).read_text()
     pair = Pair(args.target, args.drafter, mtp=args.mtp, n_ctx=2048, n_threads=args.threads, n_max=3,

@@ -125,10 +125,10 @@ class _LibProxy:
 
 
 def instrument(pair: Pair, prof: Profiler) -> None:
-    from llama_spec import accept as acc
     from llama_spec import context as ctxmod
     from llama_spec import model as modelmod
     from llama_spec import sampling as smod
+    from llama_spec.kernels import token as acc
     from llama_spec.rules import base as rules_base
 
     target_ctx = pair.gen.ctx

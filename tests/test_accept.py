@@ -1,4 +1,4 @@
-"""Statistical and unit tests for llama_spec.accept (the rejection rule).
+"""Statistical and unit tests for llama_spec.kernels.token (the rejection rule).
 
 Thresholds: every statistical check is sized so that a correct kernel fails in fewer than
 1 in 10,000 runs over random seeds (Bonferroni over the checks of one family); the seeds here
@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from llama_spec import accept as A
-from llama_spec.accept_block import accept_draft
+from llama_spec.kernels import token as A
+from llama_spec.kernels.block import accept_draft
 from llama_spec.testing import reference as R
 
 N_VOCAB = 1000

@@ -1,4 +1,4 @@
-"""The block rule (llama_spec.accept_block): exact, never worse than the token rule, properties.
+"""The block rule (llama_spec.kernels.block): exact, never worse than the token rule, properties.
 
 Models here are tables over a small alphabet: p(. | prefix) for prefixes of length 0..k and
 q(. | prefix) for 0..k-1, so p at position i depends on the drafts before it, as in the loop.
@@ -25,8 +25,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from llama_spec import accept as A
-from llama_spec.accept_block import accept_block, accept_block_kernel, accept_draft
+from llama_spec.kernels import token as A
+from llama_spec.kernels.block import accept_block, accept_block_kernel, accept_draft
 from llama_spec.testing.reference import accept_block_reference
 
 FULL_VOCAB = 151_936

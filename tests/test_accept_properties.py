@@ -1,4 +1,4 @@
-"""Hypothesis properties of llama_spec.accept over arbitrary (p, q) pairs.
+"""Hypothesis properties of llama_spec.kernels.token over arbitrary (p, q) pairs.
 
 Arrays are built by numpy from a Hypothesis-drawn seed plus Hypothesis-drawn shape parameters
 (support sizes 1-512, overlap, skew, zeros, probabilities down to 1e-30): cheap to generate,
@@ -11,7 +11,7 @@ import numpy as np
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from llama_spec import accept as A
+from llama_spec.kernels import token as A
 from llama_spec.testing import reference as R
 
 SETTINGS = dict(

@@ -1,4 +1,4 @@
-"""The tree rule (llama_spec.accept_tree): exact law by enumeration, chi-square with stated power,
+"""The tree rule (llama_spec.kernels.tree): exact law by enumeration, chi-square with stated power,
 kernel == numpy reference bit for bit, width 1 == the token rule, greedy, bad input.
 
 Statistics: 20 chi-square tests (4 trees x 5 (p, q) families) share a family-wise false-alarm
@@ -18,11 +18,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from llama_spec import accept as A
-from llama_spec.accept_block import accept_draft
-from llama_spec.accept_tree import accept_node_kernel, accept_tree, accept_tree_kernel
+from llama_spec.kernels import token as A
+from llama_spec.kernels.block import accept_draft
+from llama_spec.kernels.tree import accept_node_kernel, accept_tree, accept_tree_kernel
+from llama_spec.kernels.tree_shape import build_tree
 from llama_spec.testing import reference_tree as RT
-from llama_spec.tree_shape import build_tree
 
 FULL_VOCAB = 151_936
 TREES = ((3, 1), (2, 2), (4,), (2, 1, 1))

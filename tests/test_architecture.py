@@ -366,3 +366,62 @@ def test_code_cites_the_design_document_in_the_repository():
     bad = sorted(str(p.relative_to(ROOT)) for p in [*PKG.rglob("*.py"), *(ROOT / "tests").glob("*.py")]
                  if p.name != "test_architecture.py" and re.search(r"(?<!docs/)\bDESIGN\.md", p.read_text()))
     assert not bad, "cite docs/design.md instead of DESIGN.md in: " + ", ".join(bad)
+
+
+# -- 5. folder = layer, a small top level, no probing in the step core ------------------------------
+MAX_TOP_LEVEL_MODULES = 8
+FOUNDATION = "foundation"
+
+
+def test_folder_is_layer():
+    """Every layer but the foundation is a set of packages (folders), not loose modules."""
+    loose = [f"{name}: {p}" for name, pats in design_layers() if name != FOUNDATION for p in pats
+             if not (PKG / p / "__init__.py").exists()]
+    assert not loose, "layers listing modules instead of packages:\n  " + "\n  ".join(loose)
+
+
+def test_few_modules_at_the_top_level():
+    top = sorted(p.name for p in PKG.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+# classes whose isinstance checks would be the loop probing a drafter or a proposal
+_PROBED = {"Proposal", "TreeProposal", "Drafter", "DraftModelDrafter", "MtpDrafter", "ChainDrafter",
+           "TreeDrafting", "DraftGroup", "SharedDraftModel"}
+_NO_PROBES = ("llama_spec.generation.core", "llama_spec.generation.solo", "llama_spec.generation.batch",
+              "llama_spec.rules", "llama_spec.observe.stats")
+
+
+def _probes(tree: ast.AST) -> list[str]:
+    """getattr/hasattr of a named attribute (a probe; getattr(o, field) over a dataclass's own
+    fields is not one), isinstance against a drafter/proposal class outside __init__ (a capability
+    is checked once, when a generator is built)."""
+    out: list[str] = []
+
+    def visit(node: ast.AST, fn: str) -> None:
+        for child in ast.iter_child_nodes(node):
+            name = child.name if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)) else fn
+            if isinstance(child, ast.Call) and isinstance(child.func, ast.Name):
+                f, args = child.func.id, child.args
+                if f in ("getattr", "hasattr") and len(args) >= 2 and isinstance(args[1], ast.Constant):
+                    out.append(f"{f} in {fn} (line {child.lineno})")
+                if f == "isinstance" and len(args) == 2 and fn != "__init__":
+                    names = {n.id for n in ast.walk(args[1]) if isinstance(n, ast.Name)}
+                    if names & _PROBED:
+                        out.append(f"isinstance(.., {sorted(names & _PROBED)}) in {fn} (line {child.lineno})")
+            visit(child, name)
+
+    visit(tree, "<module>")
+    return out
+
+
+def test_step_core_rules_and_stats_never_probe_drafters_or_proposals():
+    bad = [f"{m.name}: {p}" for m in modules().values()
+           if any(m.name == n or m.name.startswith(n + ".") for n in _NO_PROBES) for p in _probes(m.tree)]
+    assert not bad, "\n".join(bad)
+
+
+def test_probe_checker_can_fail():
+    src = "def f(d):\n    return getattr(d, 'x', None) or isinstance(d, TreeProposal)\n"
+    assert len(_probes(ast.parse(src))) == 2
+    assert _probes(ast.parse("class A:\n    def __init__(self, d):\n        isinstance(d, TreeDrafting)\n")) == []

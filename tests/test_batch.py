@@ -1,4 +1,4 @@
-"""Batched generation (llama_spec.batch): batch = solo (invariant 11), exactness, slots, failures.
+"""Batched generation (llama_spec.generation.batch): batch = solo (invariant 11), exactness, slots, failures.
 
 Batch = solo: with repacking off, every sequence of a batched run emits exactly the tokens it
 emits run alone through SpeculativeGenerator: at temperature 0, and at temperature 0.8 with a
@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 
 from llama_spec import DraftModelDrafter, SamplerParams, SpeculativeGenerator
-from llama_spec.batch import BatchGenerator, GenerationRequest
 from llama_spec.drafters.draft_batch import DraftSimpleFactory
 from llama_spec.errors import SequenceError
-from llama_spec.observers import PQLog
+from llama_spec.generation.batch import BatchGenerator, GenerationRequest
+from llama_spec.observe.observers import PQLog
 
 N_CTX = 256
 N_PREDICT = 16
@@ -190,7 +190,7 @@ def test_cancel_frees_slot_and_cells(smollm, solo_cache):
             gen.add(reqs[2])
         items = gen.step() + gen.step()
         assert {rid for rid, _ in items} == {a, b}
-        slot_b = gen._seqs[b].slot
+        slot_b = gen.slot_of(b)
         assert gen.ctx.pos_max(slot_b) >= 0
         gen.cancel(b)
         assert gen.free_slots() == 1 and gen.ctx.pos_max(slot_b) == -1  # its KV cells are gone

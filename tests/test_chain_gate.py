@@ -123,7 +123,7 @@ def test_gated_chain_greedy_equals_plain_decoding(smollm):
     from llama_spec import SamplerParams
     from llama_spec.drafters.draft_model import DraftModelDrafter
     from llama_spec.drafters.ngram import NgramModDrafter
-    from llama_spec.speculative import SpeculativeGenerator
+    from llama_spec.generation.solo import SpeculativeGenerator
 
     prompt, greedy = "List the planets of the solar system, one per line:\n", SamplerParams(temp=0.0)
     plain = SpeculativeGenerator(smollm, None, n_ctx=1024)

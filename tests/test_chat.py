@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from llama_spec.chat_template import CHATML_TEMPLATE, TemplateError, render_chat_template
+from llama_spec.chat_api.template import CHATML_TEMPLATE, TemplateError, render_chat_template
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -416,7 +416,7 @@ def offline_hub(tmp_path, monkeypatch, smollm_path):
 
 def test_hf_offline_cached_model_loads(offline_hub):
     from llama_spec import Model
-    from llama_spec.hub import resolve_hf
+    from llama_spec.models.hub import resolve_hf
 
     p = resolve_hf("someone/SmolLM2-135M-Instruct-GGUF:q4_1")
     assert p.name == "SmolLM2-135M-Instruct.Q4_1.gguf" and p.is_file()
@@ -441,7 +441,7 @@ def test_cli_chat_hf_from_offline_cache(offline_hub, capsys):
 
 def test_hf_offline_uncached_is_a_one_line_error(offline_hub, capsys):
     from llama_spec import Model, cli
-    from llama_spec.hub import ModelNotCachedError, resolve_hf
+    from llama_spec.models.hub import ModelNotCachedError, resolve_hf
 
     with pytest.raises(ModelNotCachedError) as ei:
         resolve_hf("nobody/Missing-GGUF:Q4_K_M")
@@ -457,7 +457,7 @@ def test_hf_offline_uncached_is_a_one_line_error(offline_hub, capsys):
 
 
 def test_select_gguf_rules():
-    from llama_spec.hub import HubError, parse_hf_spec, select_gguf
+    from llama_spec.models.hub import HubError, parse_hf_spec, select_gguf
 
     files = ["README.md", "model-Q4_K_M.gguf", "model-Q4_K_S.gguf", "model-Q8_0.gguf", "mmproj-model-f16.gguf",
              "big/model-Q6_K-00002-of-00002.gguf", "big/model-Q6_K-00001-of-00002.gguf"]

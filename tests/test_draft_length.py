@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llama_spec.draft_length import DraftLengthController
+from llama_spec.generation.draft_length import DraftLengthController
 
 
 def brute_cut(survival: list[float], a: float, b: float) -> int:
@@ -93,7 +93,7 @@ def test_adaptive_greedy_equals_plain_decoding(smollm):
     from llama_spec import SamplerParams
     from llama_spec.drafters.chain import ChainDrafter
     from llama_spec.drafters.ngram import NgramModDrafter, NgramSimpleDrafter
-    from llama_spec.speculative import SpeculativeGenerator
+    from llama_spec.generation.solo import SpeculativeGenerator
 
     prompt = ("Copy the following list exactly, twice.\n"
               + "alpha beta gamma delta epsilon zeta eta theta iota kappa lambda mu\n" * 3)

@@ -163,7 +163,7 @@ def _fake_index(tmp_path, monkeypatch):
     import threading
     import zipfile
 
-    from llama_spec import models_registry as mr
+    from llama_spec.models import registry as mr
 
     fz = _script("fuzz_gguf")
     model = fz.write_tiny_llama(tmp_path / "m.gguf").read_bytes()
@@ -205,8 +205,8 @@ def _fake_index(tmp_path, monkeypatch):
 
 
 def test_interrupted_download_leaves_nothing_trusted(tmp_path, monkeypatch):
-    from llama_spec import models_registry as mr
     from llama_spec.errors import ModelFetchError
+    from llama_spec.models import registry as mr
 
     srv, state, model = _fake_index(tmp_path, monkeypatch)
     cache = tmp_path / "cache"
@@ -229,8 +229,8 @@ def test_interrupted_download_leaves_nothing_trusted(tmp_path, monkeypatch):
 def test_unusable_cache_dir_is_a_clear_error(tmp_path, monkeypatch):
     import errno
 
-    from llama_spec import models_registry as mr
     from llama_spec.errors import ModelFetchError
+    from llama_spec.models import registry as mr
 
     srv, state, _ = _fake_index(tmp_path, monkeypatch)
     state["truncate"] = False

@@ -26,7 +26,7 @@ import pytest
 
 from llama_spec import Llama
 from llama_spec.compat import DEFAULT_ONLY, LLAMA_CPP_PYTHON_INIT_KEYWORDS, SUPPORTED
-from llama_spec.observers import Observer, PQLog
+from llama_spec.observe.observers import Observer, PQLog
 from llama_spec.testing import distribution as dist
 
 # llama-cpp-python 0.3.36's Llama.__init__ keywords (llama_cpp/llama.py), plus rpc_servers of

@@ -449,7 +449,7 @@ REPEAT_PROMPT = (
 
 @pytest.fixture(scope="module")
 def plain_tokens(smollm):
-    from llama_spec.speculative import SpeculativeGenerator
+    from llama_spec.generation.solo import SpeculativeGenerator
 
     gen = SpeculativeGenerator(smollm, None, n_ctx=1024)
     try:
@@ -459,7 +459,7 @@ def plain_tokens(smollm):
 
 
 def _greedy_run(model, drafter, n_max=8):
-    from llama_spec.speculative import SpeculativeGenerator
+    from llama_spec.generation.solo import SpeculativeGenerator
 
     gen = SpeculativeGenerator(model, drafter, n_ctx=1024, n_max=n_max)
     try:

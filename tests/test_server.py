@@ -35,8 +35,8 @@ class _Server:
     def __init__(self, model, *, n_parallel: int, max_queue: int, api_key: str | None = None) -> None:
         import uvicorn
 
-        from llama_spec.batch import BatchGenerator
         from llama_spec.drafters.draft_model import DraftModelDrafter
+        from llama_spec.generation.batch import BatchGenerator
         from llama_spec.server import ServerConfig, ServerEngine, create_app
 
         def make_batch():

@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator
-from llama_spec.observers import PQLog, RequestWatch
-from llama_spec.speculative import ENV_DRAFT_SAMPLE
-from llama_spec.stats import SpecStats
+from llama_spec.generation.solo import ENV_DRAFT_SAMPLE
+from llama_spec.observe.observers import PQLog, RequestWatch
+from llama_spec.observe.stats import SpecStats
 
 RULES = ("token", "block", "exact-match")
 
@@ -125,8 +125,8 @@ def test_greedy_draft_mtp_equals_plain(mtp_pair, prompt):
 
 @pytest.mark.parametrize("verify", RULES)
 def test_greedy_every_rule_is_exact_match_and_consumes_no_accept_randomness(mtp_pair, verify):
-    from llama_spec import accept as acc
-    from llama_spec.speculative import _ACCEPT_SEED_SALT
+    from llama_spec.generation.request import _ACCEPT_SEED_SALT
+    from llama_spec.kernels import token as acc
 
     spec, _ = mtp_pair
     exact = spec.generate("Hello world", sampling=GREEDY, seed=11, n_predict=32, verify="exact-match",

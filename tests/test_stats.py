@@ -9,7 +9,7 @@ import pytest
 
 from llama_spec import SamplerParams, SpeculativeGenerator
 from llama_spec.drafters.base import Drafter, Proposal
-from llama_spec.stats import ENV_EVERY, ENV_ON, TopKStats, topk_settings
+from llama_spec.observe.stats import ENV_EVERY, ENV_ON, TopKStats, topk_settings
 
 
 def _prop(tokens, topk):

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from llama_spec import models_registry as models  # where the fetcher lives (monkeypatched below)
+from llama_spec.models import registry as models  # where the fetcher lives (monkeypatched below)
 from llama_spec.testing.models import MODELS, ModelFetchError, ModelSpec, model_path, resolve_model
 
 # ----------------------------------------------------------------------------- registry

@@ -15,7 +15,7 @@ from llama_spec import SpeculativeGenerator
 from llama_spec.context import Context
 from llama_spec.drafters.draft_model import DraftModelDrafter
 from llama_spec.drafters.tree import TreeProposal
-from llama_spec.observers import Observer, RequestWatch
+from llama_spec.observe.observers import Observer, RequestWatch
 from llama_spec.sampling import SamplerParams
 
 PROMPT = "The capital of France is"
@@ -161,13 +161,13 @@ class _Leaves(Observer):
     def on_verify(self, v) -> None:
         if isinstance(v.proposal, TreeProposal) and len(v.proposal):
             self.trees += 1
-            self.leaf_bonus += int(v.proposal.ended_at_leaf and len(v.emitted) > v.n_accepted)
+            self.leaf_bonus += int(v.tree_outcome.ended_at_leaf and len(v.emitted) > v.n_accepted)
 
 
 def test_tree_stats_count_bonus_at_leaves_and_topk_measures_the_gain(smollm):
     """SpecStats: a bonus follows an accepted leaf (not 'every node kept'); positions are depths.
     TopKStats: the tree's accepted length next to its first-child chain's (the measured gain)."""
-    from llama_spec.stats import TopKStats
+    from llama_spec.observe.stats import TopKStats
 
     gen = _gen(smollm, (3, 1))
     try:

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from llama_spec import accept as A
-from llama_spec.tree_shape import (
+from llama_spec.kernels import token as A
+from llama_spec.kernels.tree_shape import (
     MAX_TREE_NODES,
     TreeLayout,
     build_tree,

@@ -6,10 +6,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..chat_template import CHATML_TEMPLATE, render_chat_template
 from ..errors import TemplateError
 from ..model import Model
 from ..sampling import ReasoningBudget
+from .template import CHATML_TEMPLATE, render_chat_template
 from .thinking import THINK_TAGS, opens_inside, thinking_tags
 
 __all__ = ["PreparedPrompt", "make_budget", "prepare_prompt"]

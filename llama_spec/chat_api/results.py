@@ -55,7 +55,7 @@ class Usage:
 class ChatCompletion:
     """OpenAI's ``chat.completion`` object, plus ``speculative`` (``SpecStats.as_dict()``).
 
-    ``generation`` is the raw :class:`~llama_spec.speculative.GenerationResult` (tokens, raw text,
+    ``generation`` is the raw :class:`~llama_spec.generation.solo.GenerationResult` (tokens, raw text,
     stop reason) and ``prompt`` the rendered prompt; neither goes into ``to_dict()``.
     """
 

@@ -1,8 +1,8 @@
 """One chat turn: :func:`chat` renders the template, generates, and splits reasoning from the answer.
 
 The prompt is the GGUF's own ``tokenizer.chat_template`` rendered in a jinja2 sandbox
-(:mod:`llama_spec.chat_template`), tokenized with special tokens parsed. Generation runs through
-:class:`~llama_spec.speculative.SpeculativeGenerator` (plain, draft model or MTP), and the output
+(:mod:`llama_spec.chat.template`), tokenized with special tokens parsed. Generation runs through
+:class:`~llama_spec.generation.solo.SpeculativeGenerator` (plain, draft model or MTP), and the output
 is split into reasoning (``<think>…</think>``) and answer, also when the template already opened
 the think block in the prompt (Qwen3: the output then starts inside it).
 
@@ -30,7 +30,7 @@ from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..generation.solo import SpeculativeGenerator
 from ..model import Model
-from ..models_registry import resolve_model
+from ..models.registry import resolve_model
 from ..sampling import ReasoningBudget, SamplerParams
 from ..types import FinishReason
 from .prompt import PreparedPrompt, make_budget, prepare_prompt

@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from ..drafters.ngram import LLAMA_SPEC_PRIORITY, NGRAM_CLI_FLAGS
-from ..models_registry import MODELS
+from ..models.registry import MODELS
 from ..sampling import SamplerParams
 
 DEFAULTS = SamplerParams()

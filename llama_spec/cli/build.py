@@ -19,9 +19,9 @@ from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_draf
 from ..generation.solo import N_MAX_LIMIT, SpeculativeGenerator
 from ..grammar import json_schema_to_grammar
 from ..model import Model
-from ..models_registry import resolve_model
+from ..models.registry import resolve_model
+from ..observe.stats import TopKStats, topk_settings
 from ..sampling import SamplerParams
-from ..stats import TopKStats, topk_settings
 
 PLOT_INSTALL_HINT = "pip install 'llama-spec[plot]'"
 

@@ -82,7 +82,7 @@ def _turn(gen: SpeculativeGenerator, messages: list[dict[str, str]], ns: argpars
 
 def run(ns: argparse.Namespace) -> int:
     """``llama-spec chat``: one-shot with ``-p``, else a REPL on stdin (``/exit``, ``/reset``)."""
-    from ..hub import resolve_hf
+    from ..models.hub import resolve_hf
     from .build import build_generator, finish_topk, sampling_params
 
     if getattr(ns, "hf_repo", None):

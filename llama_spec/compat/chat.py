@@ -27,7 +27,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from typing import Any
 
 from ..chat_api import parse_tool_calls, prepare_prompt
-from ..chat_template import CHATML_TEMPLATE
+from ..chat_api.template import CHATML_TEMPLATE
 from ..grammar import json_schema_to_grammar
 from ..model import Model
 

@@ -25,12 +25,12 @@ from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_SPEC_TYPES, build_ngram_drafter
 from ..model import Model
-from ..models_registry import resolve_model
+from ..models.registry import resolve_model
 
 __all__ = ["MTP_NAMES", "CallableDrafter", "DraftPlan", "build_draft", "wants_mtp"]
 
 MTP_NAMES = ("draft-mtp", "mtp")
-N_MAX_LIMIT = 64  # the generator's largest n_max (llama_spec.speculative.N_MAX_LIMIT)
+N_MAX_LIMIT = 64  # the generator's largest n_max (llama_spec.generation.solo.N_MAX_LIMIT)
 _MODEL_N_MAX = 3  # llama.cpp's --spec-draft-n-max default for model drafters
 # n-gram drafters propose as many tokens as their own size knob allows (llama.cpp: size_m / n_max)
 _NGRAM_N_MAX = {"ngram-simple": 48, "ngram-map-k": 48, "ngram-mod": 64}

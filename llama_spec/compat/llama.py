@@ -37,11 +37,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from types import TracebackType
 from typing import Any
 
+from ..generation.solo import SpeculativeGenerator
 from ..model import Model
-from ..models_registry import resolve_model
-from ..speculative import (
-    SpeculativeGenerator,  # the solo generator (a deprecated re-export path from round 3 on)
-)
+from ..models.registry import resolve_model
 from .chat import ChatPlan, chat_chunks, chat_result, check_chat_format, plan_chat
 from .completion import (
     CompletionJob,
@@ -167,9 +165,9 @@ class Llama:
                         **kwargs: Any) -> Llama:
         """Download (or find in the Hugging Face cache) a GGUF and load it; other keywords go to
         :class:`Llama`. ``filename`` is a glob (``"*Q4_K_M.gguf"``), a quant tag or a file name
-        (:mod:`llama_spec.hub`; split models are fetched whole). ``HF_HUB_OFFLINE=1`` is honoured.
+        (:mod:`llama_spec.models.hub`; split models are fetched whole). ``HF_HUB_OFFLINE=1`` is honoured.
         ``additional_files`` and ``local_dir`` are not supported (TypeError)."""
-        from ..hub import download_gguf
+        from ..models.hub import download_gguf
 
         for name, value, default in (("additional_files", additional_files, None), ("local_dir", local_dir, None),
                                      ("local_dir_use_symlinks", local_dir_use_symlinks, "auto")):

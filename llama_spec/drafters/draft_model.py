@@ -13,9 +13,9 @@ from typing import Protocol
 import numpy as np
 
 from ..context import Context
+from ..kernels.tree_shape import build_tree
 from ..model import Model
 from ..sampling import SamplerParams
-from ..tree_shape import build_tree
 from .base import Drafter, DraftGroup, Proposal, TargetRows
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng

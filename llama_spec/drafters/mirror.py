@@ -27,6 +27,7 @@ from .base import TOPK_WIDTH, Proposal
 
 if TYPE_CHECKING:
     from ..grammar import GrammarState
+    from ..model import Model
 
 TOP_K_MIN, TOP_K_MAX = 2, 64
 GRAMMAR_TOP = 256  # a grammar-masked draft row: the mask runs on this many largest logits first
@@ -48,7 +49,11 @@ def mirror_params(target: SamplerParams) -> SamplerParams:
     )
 
 
-def _knobs(p: SamplerParams) -> tuple:
+# (token, q_ids int32 (n,), q_probs float32 (n,), top_ids int32 (k,) | None, top_probs float32 (k,) | None)
+Draw = tuple[int, np.ndarray, np.ndarray, "np.ndarray | None", "np.ndarray | None"]
+
+
+def _knobs(p: SamplerParams) -> tuple[float | int, ...]:
     return (p.temp, p.top_k, p.top_p, p.min_p, p.typical_p, p.top_n_sigma, p.min_keep,
             p.dynatemp_range, p.dynatemp_exponent)
 
@@ -56,11 +61,11 @@ def _knobs(p: SamplerParams) -> tuple:
 class MirrorSampler:
     """Sample a draft token and report q over its support. Rebuilt only when knobs change."""
 
-    def __init__(self, n_vocab: int, model, seed: int = 0) -> None:
+    def __init__(self, n_vocab: int, model: Model, seed: int = 0) -> None:
         self.n_vocab = n_vocab
         self.model = model
         self._rng = np.random.default_rng(seed)
-        self._knobs: tuple | None = None
+        self._knobs: tuple[float | int, ...] | None = None
         self._chain = ffi.NULL
         self._cb = CandidateBuffers(n_vocab)
         self.params: SamplerParams | None = None
@@ -79,7 +84,7 @@ class MirrorSampler:
     def reseed(self, seed: int) -> None:
         self._rng = np.random.default_rng(seed)
 
-    def sample(self, logits_row: np.ndarray, *, topk: int = 0, grammar: GrammarState | None = None):
+    def sample(self, logits_row: np.ndarray, *, topk: int = 0, grammar: GrammarState | None = None) -> Draw | None:
         """Return (token, q_ids, q_probs, top_ids, top_probs); arrays are fresh copies.
 
         With `grammar`, the row is masked by it first (the state is not advanced) and None is
@@ -109,7 +114,7 @@ class MirrorSampler:
         ids, probs = self._cb.probs_view()
         return self._draw(ids.copy(), probs.copy(), topk)
 
-    def _draw(self, ids: np.ndarray, probs: np.ndarray, topk: int):
+    def _draw(self, ids: np.ndarray, probs: np.ndarray, topk: int) -> Draw:
         """Draw from q = probs (float32 (n,)) over ids (int32 (n,)), zero entries dropped."""
         keep = probs > 0
         if not keep.all():
@@ -140,7 +145,7 @@ class MirrorSampler:
                 break
         return cur
 
-    def _sample_masked(self, row: np.ndarray, params: SamplerParams, grammar: GrammarState, topk: int):
+    def _sample_masked(self, row: np.ndarray, params: SamplerParams, grammar: GrammarState, topk: int) -> Draw | None:
         cur = self._masked_candidates(row, grammar)
         if cur.size == 0:
             return None
@@ -204,6 +209,7 @@ class ProposalBuilder:
         prop.q_probs.append(q_probs)
         if self.collect_topk:
             assert prop.topk_ids is not None and prop.topk_probs is not None
+            assert top_ids is not None and top_p is not None  # asked for with topk > 0
             prop.topk_ids.append(top_ids)
             prop.topk_probs.append(top_p)
         return tok

@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..accept import new_rng_state
-from ..tree_shape import TreeLayout, build_tree, draw_children
+from ..kernels.token import new_rng_state
+from ..kernels.tree_shape import TreeLayout, build_tree, draw_children
 from .base import TOPK_WIDTH
 from .mirror import MirrorSampler
 
@@ -114,10 +114,13 @@ class TreeBuilder:
         first_chain = row == 0 or (row - 1 in self._chain_nodes())
         topk = TOPK_WIDTH if self.collect_topk and first_chain else 0
         if self.sample or self.p_min > 0 or topk:
-            tok, q_ids, q_probs, top_ids, top_p = self.mirror.sample(logits, topk=topk)
+            draw = self.mirror.sample(logits, topk=topk)
+            assert draw is not None  # None only under a grammar, which tree drafting does not pass
+            tok, q_ids, q_probs, top_ids, top_p = draw
             if q_probs.max() < self.p_min:
                 return []
-            if topk and prop.topk_ids is not None and prop.topk_probs is not None:
+            if topk and prop.topk_ids is not None and prop.topk_probs is not None and top_ids is not None \
+                    and top_p is not None:
                 prop.topk_ids.append(top_ids)
                 prop.topk_probs.append(top_p)
         if self.sample:

@@ -30,10 +30,10 @@ from typing import Any, Protocol, runtime_checkable
 from ..context import Context
 from ..drafters.base import Drafter
 from ..model import Model
-from ..observers import Observer
+from ..observe.observers import Observer
+from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import Rule
 from ..sampling import ReasoningBudget
-from ..stats import N_MAX_LIMIT, SpecStats
 from .core import Item, StepCore
 from .request import GenerationRequest, GenerationResult, TokenEvent, build_request
 
@@ -135,9 +135,9 @@ class BatchGenerator:
         slot = self.core.free_slot()
         if slot is None:
             raise RuntimeError(f"no free slot (all {self.n_parallel} are generating)")
-        verify = "token" if request.verify is None else request.verify
+        verify = "token" if request.verify is None else request.verify  # a name is checked by build_request
         req = build_request(self.core.host(slot), request.prompt, request.sampling, request.n_predict, request.seed,
-                            request.spec_draft_sample, verify, request.n_max,
+                            request.spec_draft_sample, verify, request.n_max,  # type: ignore[arg-type]
                             request.p_min if p_min is None else p_min, tuple(request.stop),
                             reasoning_budget or request.reasoning_budget, request.ignore_eos,
                             (*request.observers, *observers))

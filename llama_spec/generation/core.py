@@ -34,17 +34,17 @@ from typing import Any, cast
 
 import numpy as np
 
-from .. import accept as _accept
 from ..context import Context
 from ..drafters.base import Drafter, DraftGroup, Proposal, TreeDrafting
 from ..drafters.draft_batch import DraftRequest
 from ..drafters.tree import TreeProposal
 from ..errors import SequenceError
+from ..kernels import token as _accept
 from ..model import Model
-from ..observers import Observer
+from ..observe.observers import Observer
+from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
 from ..rules.tree import TreeRule
-from ..stats import SpecStats
 from .draft_length import DraftLengthController
 from .request import Emitter, GenerationResult, Request, RequestHost, TokenEvent, check_n_max
 from .tree import check_tree, commit_tree, propose_tree, tree_n_seqs, tree_rows

@@ -8,21 +8,21 @@ checked here once (TypeError/ValueError naming the argument) and the step core
 from __future__ import annotations
 
 import codecs
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-from .. import accept as _accept
 from ..context import int32_values
 from ..drafters.base import Drafter
 from ..env import env_flag
+from ..kernels import token as _accept
 from ..model import Model
-from ..observers import Observer, RequestInfo
+from ..observe.observers import Observer, RequestInfo
+from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import RULE_NAMES, Rule, Verification, VerifyName
 from ..sampling import ReasoningBudget, SamplerParams, TargetSampler, ignore_eos_params
-from ..stats import N_MAX_LIMIT, SpecStats
 
 __all__ = ["ENV_DRAFT_SAMPLE", "Emitter", "GenerationRequest", "GenerationResult", "GenerationStream",
            "Request", "RequestHost", "TokenEvent", "build_request", "check_n_max", "pick_rule"]
@@ -181,8 +181,10 @@ class RequestHost:
     n_rs_seq: int | None           # recurrent/hybrid target: state snapshots per sequence; else None
 
 
-def build_request(host: RequestHost, prompt, sampling, n_predict, seed, spec_draft_sample, verify, n_max, p_min,
-                  stop, reasoning_budget, ignore_eos, observers) -> Request:
+def build_request(host: RequestHost, prompt: str | Sequence[int], sampling: SamplerParams | None, n_predict: int,
+                  seed: int | None, spec_draft_sample: bool | None, verify: VerifyName | Rule,
+                  n_max: int | None, p_min: float, stop: Sequence[str], reasoning_budget: ReasoningBudget | None,
+                  ignore_eos: bool, observers: Iterable[Observer]) -> Request:
     """Check every argument of one request (ValueError naming it) and build its objects."""
     _check_request_types(sampling=sampling, seed=seed, n_max=n_max, n_predict=n_predict, p_min=p_min, stop=stop)
     sampling = sampling or SamplerParams()

@@ -11,17 +11,17 @@ reference the speculative modes are tested against.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable, Iterator, Mapping, Sequence
+from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 from ..context import Context
 from ..drafters.base import Drafter
 from ..errors import GeneratorBusyError
 from ..model import Model
-from ..observers import Observer
+from ..observe.observers import Observer
+from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import Rule, VerifyName
 from ..sampling import ReasoningBudget, SamplerParams
-from ..stats import N_MAX_LIMIT, SpecStats
 from .core import StepCore
 from .draft_length import DraftLengthController
 from .request import (
@@ -162,7 +162,7 @@ class SpeculativeGenerator:
             if self._owner is not None and self._owner[1] is token:
                 self._owner = None
 
-    def _exclusive(self, it: Iterator[TokenEvent], token: object) -> Iterator[TokenEvent]:
+    def _exclusive(self, it: Generator[TokenEvent, None, None], token: object) -> Iterator[TokenEvent]:
         """`it` while `token` owns the generator; a superseded stream stops with GeneratorBusyError."""
         try:
             while True:
@@ -175,9 +175,7 @@ class SpeculativeGenerator:
                     return
                 yield ev
         finally:
-            close = getattr(it, "close", None)
-            if close is not None:
-                close()
+            it.close()
             self._release(token)
 
     def generate(self, prompt: str | Sequence[int], **kwargs: Any) -> GenerationResult:
@@ -187,7 +185,8 @@ class SpeculativeGenerator:
         assert s.result is not None
         return s.result
 
-    def _run(self, req: Request, out: GenerationStream, result: list[GenerationResult] | None) -> Iterator[TokenEvent]:
+    def _run(self, req: Request, out: GenerationStream,
+             result: list[GenerationResult] | None) -> Generator[TokenEvent, None, None]:
         """The request's steps in the core's one slot (steps run only while the stream is read)."""
         core = self.core
         for old in core.active_ids():   # a superseded stream of this thread: its sequence ends here

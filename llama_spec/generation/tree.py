@@ -25,7 +25,7 @@ import numpy as np
 
 from ..drafters.base import TreeDrafting
 from ..drafters.tree import TreeProposal
-from ..tree_shape import build_tree, parse_tree_shape, tree_node_count
+from ..kernels.tree_shape import build_tree, parse_tree_shape, tree_node_count
 
 if TYPE_CHECKING:
     from ..context import Context

@@ -35,8 +35,8 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from ..accept import p_is_normalized
 from ..drafters.base import Proposal
+from ..kernels.token import p_is_normalized
 
 if TYPE_CHECKING:
     from ..drafters.tree import TreeProposal

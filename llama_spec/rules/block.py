@@ -1,7 +1,7 @@
 """The block rule (Sun, Mendlovic, Leviathan, Aharoni, Ro, Beirami, Suresh: "Block Verification
 Accelerates Speculative Decoding", ICLR 2025): the k drafts are verified jointly.
 
-The kernel (llama_spec.accept_block) needs p at every draft position before it decides, so p_i
+The kernel (llama_spec.kernels.block) needs p at every draft position before it decides, so p_i
 is computed first for i = 0..k, each with a sampler that accepted d_1 .. d_i-1: the real target
 sampler when its chain is stateless (accept() changes nothing: no penalties, DRY, grammar or
 reasoning budget), else one clone per verification that accepts the drafts in turn. The real
@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..accept_block import accept_block_kernel
+from ..kernels.block import accept_block_kernel
 from .base import Rule, Verification, p_falls_back
 
 

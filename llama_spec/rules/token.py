@@ -7,7 +7,7 @@ without clones.
 
 from __future__ import annotations
 
-from .. import accept as _accept
+from ..kernels import token as _accept
 from .base import Rule, Verification, p_falls_back
 
 

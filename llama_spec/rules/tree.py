@@ -19,9 +19,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import accept as _accept
-from ..accept_tree import accept_node_kernel
 from ..drafters.tree import TreeProposal
+from ..kernels import token as _accept
+from ..kernels.tree import accept_node_kernel
 from .base import Rule, TreeOutcome, Verification, p_falls_back
 
 

@@ -1,7 +1,7 @@
 """OpenAI-compatible HTTP server over the (batched) speculative generator: ``llama-spec serve``.
 
 ``create_app(engine, model, config)`` builds the starlette app; :class:`ServerEngine` owns the
-worker thread that drives a :class:`~llama_spec.batch.BatchGenerator`. Needs the ``[server]`` extra (starlette, uvicorn).
+worker thread that drives a :class:`~llama_spec.generation.batch.BatchGenerator`. Needs the ``[server]`` extra (starlette, uvicorn).
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ GenerationResult)`` or ``("error", exception)``. :meth:`ServerEngine.cancel` (a 
 away) gives the capacity back at once; the worker drops the sequence (its KV cells) before it
 admits anything else.
 
-The worker drives any object with :class:`~llama_spec.batch.BatchGenerator`'s interface
+The worker drives any object with :class:`~llama_spec.generation.batch.BatchGenerator`'s interface
 (:class:`BatchLike`: ``free_slots/add/cancel/step/has_work/close``, ``n_parallel``,
 ``n_ctx_per_seq``); ``llama-spec serve`` gives it a BatchGenerator, whose slots decode together
 in one target batch per step. A per-sequence failure inside

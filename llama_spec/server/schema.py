@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..errors import RequestError
+from ..kernels.tree_shape import parse_tree_shape
 from ..sampling import SamplerParams
-from ..tree_shape import parse_tree_shape
 
 __all__ = ["ChatRequest", "CompletionRequest", "RequestError", "parse_chat", "parse_completion", "parse_json"]
 

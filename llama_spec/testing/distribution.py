@@ -20,7 +20,7 @@ from collections.abc import Callable, Iterable
 import numpy as np
 from scipy import stats
 
-from llama_spec.observers import PQLog
+from llama_spec.observe.observers import PQLog
 from llama_spec.rules import BlockRule, TokenRule, Verification
 
 

@@ -1,9 +1,9 @@
-"""The named test models (re-exported from :mod:`llama_spec.models_registry`, where they live so
+"""The named test models (re-exported from :mod:`llama_spec.models.registry`, where they live so
 that the CLI can resolve the names without importing the testing package)."""
 
 from __future__ import annotations
 
-from ..models_registry import (
+from ..models.registry import (
     MODELS,
     ModelFetchError,
     ModelSpec,

@@ -4,11 +4,11 @@ Each function is its kernel's rule written out in numpy and Python floats: the s
 the same summation order and the same uniforms, so a test can compare a kernel with its
 reference token for token and state word for state word.
     accept_step_reference(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch)
-        -> (token, accepted)                      -- llama_spec.accept.accept_step_kernel
+        -> (token, accepted)                      -- llama_spec.kernels.token.accept_step_kernel
     accept_block_reference(p_ids, p_probs, p_lens, draft_tokens, q_ids, q_probs, q_lens,
                            rng_state, scratch) -> (emitted int32 array, n_accepted)
-                                                  -- llama_spec.accept_block.accept_block_kernel
-scratch is the kernels' all-zero float32 buffer (llama_spec.accept.new_scratch); it is left
+                                                  -- llama_spec.kernels.block.accept_block_kernel
+scratch is the kernels' all-zero float32 buffer (llama_spec.kernels.token.new_scratch); it is left
 all zero. Production code never imports this module.
 """
 
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from llama_spec.accept import _BLOCK, _LARGE_SUPPORT, _M64, _MAX_TRIES
+from llama_spec.kernels.token import _BLOCK, _LARGE_SUPPORT, _M64, _MAX_TRIES
 
 __all__ = ["accept_block_reference", "accept_step_reference"]
 
@@ -116,7 +116,7 @@ def _reference_draw(ids, weights, rng_state):
 
 
 # --------------------------------------------------------------------------------------------
-# Block rule (llama_spec.accept_block): see that module's docstring for the formulas.
+# Block rule (llama_spec.kernels.block): see that module's docstring for the formulas.
 
 
 def _ref_first(ids, probs, token) -> float:

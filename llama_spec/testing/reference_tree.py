@@ -1,5 +1,5 @@
 """The tree rule in plain numpy (same rule, same float64 operations, same RNG stream as
-llama_spec.accept_tree's kernel), its exact law by enumeration, and a Monte Carlo driver.
+llama_spec.kernels.tree's kernel), its exact law by enumeration, and a Monte Carlo driver.
 
 For tests and benchmarks only; production code never imports this module.
 
@@ -26,10 +26,10 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from llama_spec import accept as A
-from llama_spec.accept_tree import _accept_tree
+from llama_spec.kernels import token as A
+from llama_spec.kernels.tree import _accept_tree
+from llama_spec.kernels.tree_shape import _gumbel_top_k, draw_children
 from llama_spec.testing import reference as R0
-from llama_spec.tree_shape import _gumbel_top_k, draw_children
 
 VARIANTS = ("exact", "keep_rejected_in_q", "unnormalized_residual")
 

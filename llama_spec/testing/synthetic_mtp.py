@@ -406,8 +406,8 @@ def synthetic_mtp_path(sigma: float = 0.0, seed: int = 0, thinking: bool = False
 
     File name: ``synthetic-mtp-qwen35-v<GENERATOR_VERSION>-seed<seed>-sigma<sigma>[-think].gguf``.
     """
-    from ..models_registry import cache_dir
-    from ..models_registry import file_lock as _lock
+    from ..models.registry import cache_dir
+    from ..models.registry import file_lock as _lock
 
     root = cache_dir()
     root.mkdir(parents=True, exist_ok=True)

@@ -64,7 +64,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from llama_spec.accept import (
+from llama_spec.kernels.token import (
     UnnormalizedError,
     _accept_step,
     _as_ids,
@@ -81,7 +81,7 @@ from llama_spec.accept import (
     _thread_scratch,
     p_is_normalized,
 )
-from llama_spec.tree_shape import MAX_TREE_NODES, validate_parents
+from llama_spec.kernels.tree_shape import MAX_TREE_NODES, validate_parents
 
 __all__ = ["accept_node_kernel", "accept_tree", "accept_tree_kernel"]
 

@@ -29,7 +29,7 @@ import jinja2.ext
 from jinja2.exceptions import SecurityError
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from .errors import TemplateError
+from ..errors import TemplateError
 
 __all__ = [
     "CHATML_TEMPLATE",

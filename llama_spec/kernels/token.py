@@ -49,7 +49,7 @@ answer, and an id >= len(scratch) writes out of bounds. The GIL is held while th
     bonus_token_kernel(p_ids, p_probs, rng_state) -> int
         A draw from p (the one positive entry, without randomness, when p is one-hot).
     The k-position kernels over padded rows (token rule accept_draft_kernel, block rule
-    accept_block_kernel) live in llama_spec.accept_block.
+    accept_block_kernel) live in llama_spec.kernels.block.
 
 Python wrappers (validation happens here, never in jitted code):
     accept_step(p_ids, p_probs, draft_token, q_ids, q_probs, rng_state, scratch=None,
@@ -61,7 +61,7 @@ Python wrappers (validation happens here, never in jitted code):
         the caller guarantees dtypes and preconditions, and checks ``p_is_normalized``).
         scratch=None uses a per-thread buffer (grown as needed); pass your own to skip that.
         The hot loop can call accept_step_kernel itself: it saves the wrapper's ~0.3 us.
-    accept_draft and accept_block (k positions, padded rows): llama_spec.accept_block.
+    accept_draft and accept_block (k positions, padded rows): llama_spec.kernels.block.
     p_is_normalized(p_probs, tol=1e-3) -> bool: sum(p) within 1 +- tol (False for NaN).
     The same rule in plain numpy on the same RNG stream, for tests and benchmarks:
     llama_spec.testing.reference.accept_step_reference.
@@ -76,7 +76,7 @@ import numba
 import numba.extending
 import numpy as np
 
-from .errors import UnnormalizedError  # a ValueError; errors.py imports nothing of cffi
+from ..errors import UnnormalizedError  # a ValueError; errors.py imports nothing of cffi
 
 __all__ = [
     "AcceptResult",

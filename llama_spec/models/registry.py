@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from .errors import ModelFetchError
+from ..errors import ModelFetchError
 
 __all__ = [
     "MODELS",

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 import numba
 import numpy as np
 
-from llama_spec.accept import _check_rng, _inner, _next_uniform
+from llama_spec.kernels.token import _check_rng, _inner, _next_uniform
 
 __all__ = [
     "MAX_TREE_NODES",

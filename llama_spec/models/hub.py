@@ -27,8 +27,8 @@ import re
 from collections.abc import Iterable
 from pathlib import Path
 
-from .env import env_flag
-from .errors import HubError, ModelNotCachedError
+from ..env import env_flag
+from ..errors import HubError, ModelNotCachedError
 
 __all__ = [
     "HubError",

@@ -32,12 +32,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .drafters.base import TOPK_WIDTH
-from .env import env_flag
+from ..drafters.base import TOPK_WIDTH
+from ..env import env_flag
 from .observers import Observer
 
 if TYPE_CHECKING:
-    from .rules.base import Verification
+    from ..rules.base import Verification
 
 N_MAX_LIMIT = 64  # the most draft positions a verification can have (SpeculativeGenerator's n_max)
 

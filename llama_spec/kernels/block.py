@@ -6,7 +6,7 @@ Both take one verification's k draft positions as padded rows (the conventions o
 position; ``q_ids``/``q_probs`` (k, Lq) likewise with ``q_lens``; ``draft_tokens`` (k,), d_i drawn
 from q at position i. They return ``emitted`` (int32, n_accepted + 1 tokens: the accepted
 drafts, then the recovered token, or the bonus token when n_accepted == k) and n_accepted.
-Words, supports, RNG and scratch are those of llama_spec.accept.
+Words, supports, RNG and scratch are those of llama_spec.kernels.token.
 
 Token rule (``accept_draft``): k single steps of accept.accept_step, then the bonus.
 
@@ -57,7 +57,7 @@ from __future__ import annotations
 import numba
 import numpy as np
 
-from llama_spec.accept import (
+from llama_spec.kernels.token import (
     _LARGE_SUPPORT,
     UnnormalizedError,
     _accept_step,
