@@ -25,6 +25,10 @@ ggml_backend_dev_t lsp_model_get_device(const llama_model * model, int32_t i) {
     return llama_model_get_device(model, i);
 }
 
+bool lsp_abort_flag(void * data) {
+    return data != nullptr && __atomic_load_n(static_cast<const int32_t *>(data), __ATOMIC_RELAXED) != 0;
+}
+
 int32_t lsp_process(llama_context * ctx, llama_batch_ext * batch,
                     const int32_t * tokens, const int32_t * pos, int32_t n, int32_t seq_id,
                     const int8_t * outputs, const float * embd, int32_t n_embd) {

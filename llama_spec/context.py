@@ -4,6 +4,15 @@ Lifetime of returned arrays: ``decode`` returns **zero-copy views** over llama.c
 buffers. They are valid until the next ``decode`` (or memory op / state load) on the same
 context; copy them (``arr.copy()``) to keep them longer. The GIL is released while llama.cpp
 decodes (cffi releases it around every C call).
+
+Stopping a decode (every decode call, hence ``prefill``), on a context of any thread: Ctrl-C
+while the main thread decodes raises ``KeyboardInterrupt`` within one graph node (ggml's abort
+callback runs Python there, so the SIGINT handler runs); :meth:`Context.abort` (or
+:func:`abort_decodes`: every decode running now) from any thread makes the decode raise
+:class:`~llama_spec.errors.DecodeError` with ``code == 2`` (off the main thread the callback
+only reads the context's abort flag, in C). Either way the context stays usable and its memory
+is as before the call: each sequence of the stopped batch loses its positions from the batch's
+first one on (llama.cpp itself drops only the ubatch it stopped in).
 """
 
 from __future__ import annotations
@@ -22,7 +31,7 @@ from .errors import ContextError, DecodeError
 from .model import Model
 from .types import FlashAttn, OutputsSpec
 
-__all__ = ["KV_CACHE_TYPES", "Context", "MtpContext", "default_threads"]
+__all__ = ["KV_CACHE_TYPES", "Context", "MtpContext", "abort_decodes", "default_threads"]
 
 _FLASH = {
     "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -62,6 +71,10 @@ def default_threads() -> int:
 
 
 _SIGNALS = threading.local()  # .pending: an exception a signal handler raised during this thread's decode
+_MAIN_THREAD = threading.main_thread().ident
+_FLAG_ABORT = ffi.addressof(lib, "lsp_abort_flag")  # the C abort callback: reads the flag, no Python
+_decoding_lock = threading.Lock()
+_decoding: set[Context] = set()  # contexts inside a native decode now (any thread), under the lock
 
 
 def _abort_error(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
@@ -71,17 +84,28 @@ def _abort_error(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
 
 
 @ffi.callback("bool(void *)", onerror=_abort_error)  # type: ignore[untyped-decorator]
-def _abort_check(_data: Any) -> bool:
-    """ggml's abort callback (between graph nodes, in the calling thread): running Python code
-    here lets a pending SIGINT handler run, so Ctrl-C stops a long decode within one node."""
-    return False
+def _abort_check(data: Any) -> bool:
+    """ggml's abort callback for decodes on the main thread (between graph nodes, in that thread):
+    running Python code here lets a pending SIGINT handler run, so Ctrl-C stops a long decode
+    within one node. `data` is the context's abort flag (Context.abort())."""
+    return bool(ffi.cast("int32_t *", data)[0] != 0)
 
 
-def _raise_pending_signal() -> None:
+def _take_pending_signal() -> BaseException | None:
     exc = getattr(_SIGNALS, "pending", None)
     if exc is not None:
         _SIGNALS.pending = None
-        raise exc
+    return exc
+
+
+def abort_decodes() -> int:
+    """Stop every decode running now, on any context and thread (each raises DecodeError code 2
+    in its own thread); return how many were stopped. For a SIGINT handler or a server's
+    shutdown: Ctrl-C reaches only the main thread, its decodes stop by themselves."""
+    with _decoding_lock:
+        for c in _decoding:
+            c._abort_flag[0] = 1
+        return len(_decoding)
 
 
 def int32_values(values: Any, name: str, n: int | None = None) -> np.ndarray:
@@ -182,8 +206,9 @@ class Context(NativeHandle):
         p.flash_attn_type = _FLASH[flash_attn]
         p.type_k, p.type_v = KV_CACHE_TYPES[type_k], KV_CACHE_TYPES[type_v]
         p.no_perf = True
-        # only the main thread receives signals: elsewhere the abort callback would only cost GIL waits
-        p.abort_callback = _abort_check if threading.current_thread() is threading.main_thread() else ffi.NULL
+        self._abort_flag = ffi.new("int32_t *")  # Context.abort(); the callback is re-chosen per decode
+        self._abort_main = threading.get_ident() == _MAIN_THREAD  # signals reach the main thread only
+        p.abort_callback, p.abort_callback_data = _abort_check if self._abort_main else _FLAG_ABORT, self._abort_flag
         p.kv_unified = bool(kv_unified)  # one KV buffer for all sequences: a cell can belong to several (trees)
         if ctx_other is not None:
             p.ctx_other = ctx_other.ptr
@@ -214,8 +239,7 @@ class Context(NativeHandle):
                 f"n_rs_seq={self.n_rs_seq} needs n_ubatch > {self.n_rs_seq + 1}, but n_ubatch is {self.n_ubatch} "
                 f"(n_ctx={self.n_ctx}, n_batch={n_batch}): raise n_ctx/n_batch or lower n_rs_seq"
             )
-        self.n_vocab = model.n_vocab
-        self.n_embd = model.n_embd_out
+        self.n_vocab, self.n_embd = model.n_vocab, model.n_embd_out
         self._batch = lib.llama_batch_ext_init(ptr)
         # Preallocated input buffers: the hot path allocates nothing per decode.
         self._tok = np.zeros(self.n_batch, dtype=np.int32)
@@ -308,10 +332,11 @@ class Context(NativeHandle):
                 raise ValueError(f"embd must be C-contiguous float32 of shape ({n}, {self.n_embd}), got {embd.dtype} {embd.shape}")
             e_ptr = ffi.cast("float *", embd.ctypes.data)
         if self._rpc:
-            rc = _rpc.call_guarded(self._process_sync, n, seq_id, e_ptr)
+            rc = self._run(n, seq_id, _rpc.call_guarded, self._process_sync, n, seq_id, e_ptr,
+                           on_interrupt=self.abort)
         else:
-            rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
-        _raise_pending_signal()  # Ctrl-C during the decode (rc 2: aborted)
+            rc = self._run(n, seq_id, lib.lsp_process, self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id,
+                           self._out_p, e_ptr, self.n_embd)
         if rc <= -100:
             raise DecodeError(rc, f"adding batch row {-100 - rc}")
         if rc != 0:
@@ -336,9 +361,9 @@ class Context(NativeHandle):
             raise ValueError(f"seq_ids {int(seq.min())}..{int(seq.max())} out of range [0, {self.n_seq_max})")
         args = (self._ptr, self._batch, self._tok_p, self._pos_p, n, self._seq_p, self._out_p)
         if self._rpc:
-            rc = _rpc.call_guarded(self._process_seqs_sync, args)
+            rc = self._run(n, seq, _rpc.call_guarded, self._process_seqs_sync, args, on_interrupt=self.abort)
         else:
-            rc = lib.lsp_process_seqs(*args)
+            rc = self._run(n, seq, lib.lsp_process_seqs, *args)
         if rc <= -100:
             raise DecodeError(rc, f"adding batch row {-100 - rc}")
         if rc != 0:
@@ -368,8 +393,11 @@ class Context(NativeHandle):
             raise ValueError(f"seq ids {int(flat.min())}..{int(flat.max())} out of range [0, {self.n_seq_max})")
         args = (self._ptr, self._batch, self._tok_p, self._pos_p, n, ffi.cast("int32_t *", flat.ctypes.data),
                 ffi.cast("int32_t *", counts.ctypes.data), self._out_p)
-        rc = (_rpc.call_guarded(self._process_seq_sets_sync, args) if self._rpc
-              else lib.lsp_process_seq_sets(*args))
+        if self._rpc:
+            rc = self._run(n, flat, _rpc.call_guarded, self._process_seq_sets_sync, args, on_interrupt=self.abort,
+                           counts=counts)
+        else:
+            rc = self._run(n, flat, lib.lsp_process_seq_sets, *args, counts=counts)
         if rc <= -100:
             raise DecodeError(rc, f"adding batch row {-100 - rc}")
         if rc != 0:
@@ -386,6 +414,66 @@ class Context(NativeHandle):
         rc = lib.lsp_process(self._ptr, self._batch, self._tok_p, self._pos_p, n, seq_id, self._out_p, e_ptr, self.n_embd)
         lib.llama_synchronize(self._ptr)  # all of this decode's RPC traffic happens under the guard
         return rc
+
+    # -- stopping a decode ---------------------------------------------------------------------
+    def abort(self) -> bool:
+        """Stop the decode running on this context now; callable from any thread (thread-safe).
+
+        The decode raises :class:`~llama_spec.errors.DecodeError` with ``code == 2`` in the
+        thread that runs it, within one graph node, and leaves the memory as before the call
+        (see the module docstring). Returns False, doing nothing, when no decode is running: an
+        abort never waits for a later decode.
+        """
+        with _decoding_lock:
+            if self not in _decoding:
+                return False
+            self._abort_flag[0] = 1
+            return True
+
+    def _run(self, n: int, seqs: int | np.ndarray, call: Any, *args: Any, counts: np.ndarray | None = None,
+             **kwargs: Any) -> int:
+        """One native decode ``call(*args, **kwargs)`` of the n-row batch in the input buffers, its
+        abort path armed; llama.cpp's code. `seqs`: the batch's sequence, or each row's (with
+        `counts`: each row's counts[i] sequences, flattened). Stopped: cells dropped, then raise."""
+        main = threading.get_ident() == _MAIN_THREAD and not self._rpc  # RPC decodes run on a worker
+        if main is not self._abort_main:
+            lib.llama_set_abort_callback(self._ptr, _abort_check if main else _FLAG_ABORT, self._abort_flag)
+            self._abort_main = main
+        with _decoding_lock:
+            self._abort_flag[0] = 0
+            _decoding.add(self)
+        try:
+            rc = int(call(*args, **kwargs))
+            exc = _take_pending_signal()  # Ctrl-C inside the decode (rc 2, or 0 at the last node)
+        except BaseException:  # Ctrl-C as the call returned, an RPC call interrupted, a lost server
+            _take_pending_signal()
+            if self._lost is None:
+                self._stopped(n, seqs, counts)
+            raise
+        finally:
+            with _decoding_lock:
+                _decoding.discard(self)
+                asked = self._abort_flag[0] != 0
+                self._abort_flag[0] = 0
+        if exc is not None:
+            self._stopped(n, seqs, counts)
+            raise exc
+        if rc == 2:
+            self._stopped(n, seqs, counts)
+            raise DecodeError(2, "decode (stopped by Context.abort())" if asked else "decode")
+        return rc
+
+    def _stopped(self, n: int, seqs: int | np.ndarray, counts: np.ndarray | None) -> None:
+        """After a stopped decode: drop each sequence's positions from its first one in the batch
+        on (llama.cpp drops only the ubatch it stopped in; earlier ubatches stay in memory). A
+        recurrent state that cannot roll back that far loses the whole sequence."""
+        self.n_outputs = 0
+        pos = self._pos[:n] if counts is None else np.repeat(self._pos[:n], counts)
+        seq_ids = seqs if isinstance(seqs, np.ndarray) else np.full(n, int(seqs), dtype=np.int32)
+        for s in np.unique(seq_ids).tolist():
+            p0 = int(pos[seq_ids == s].min())
+            if not lib.llama_memory_seq_rm(self._mem, s, p0, -1):
+                lib.llama_memory_seq_rm(self._mem, s, -1, -1)
 
     def logits(self) -> np.ndarray:
         """Zero-copy view of the last decode's logits, (n_outputs, n_vocab) float32."""

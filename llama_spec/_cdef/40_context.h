@@ -37,6 +37,7 @@ int32_t  llama_n_threads(struct llama_context * ctx);
 void     llama_set_n_threads(struct llama_context * ctx, int32_t n_threads, int32_t n_threads_batch);
 llama_memory_t llama_get_memory(const struct llama_context * ctx);
 void     llama_synchronize(struct llama_context * ctx);
+void     llama_set_abort_callback(struct llama_context * ctx, ggml_abort_callback abort_callback, void * abort_callback_data);
 
 float * llama_get_logits(struct llama_context * ctx);
 float * llama_get_logits_ith(struct llama_context * ctx, int32_t i);

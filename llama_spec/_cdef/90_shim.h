@@ -20,6 +20,12 @@ void    lsp_set_nextn_layer_offset(struct llama_context * ctx, int32_t offset);
 int32_t lsp_model_n_devices(const struct llama_model * model);
 ggml_backend_dev_t lsp_model_get_device(const struct llama_model * model, int32_t i);
 
+/* ---- aborting a decode from any thread ----
+ * A ggml abort callback (llama_set_abort_callback) that reads a flag: `data` points to an
+ * int32_t that any thread may set to non-zero (Context.abort()); the decode then stops at the
+ * next graph node with code 2. Runs no Python, so a decode off the main thread pays nothing. */
+bool    lsp_abort_flag(void * data);
+
 /* ---- batches ----
  * Fill `batch` (from llama_batch_ext_init) with n tokens of one sequence and decode it.
  * outputs[i] != 0 asks for logits (and embeddings) of row i; outputs may be NULL = last only.

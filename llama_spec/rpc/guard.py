@@ -246,13 +246,16 @@ def _on_ggml_abort(c_message: Any) -> None:
 
 
 # -- guarded calls ----------------------------------------------------------------------------
-def call_guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+def call_guarded(fn: Callable[..., T], *args: Any, on_interrupt: Callable[[], object] | None = None,
+                 **kwargs: Any) -> T:
     """Run ``fn(*args, **kwargs)``; if an RPC server is lost meanwhile, raise instead of aborting.
 
     ``fn`` runs on a worker thread while the caller waits. Should ggml-rpc hit a broken
     connection, the caller gets :class:`RpcConnectionError` naming the endpoint, the worker is
     abandoned (it waits forever inside llama.cpp), and every model / context on the lost server
     is marked lost. Without registered RPC servers ``fn`` just runs here.
+    Ctrl-C while waiting calls ``on_interrupt()`` (e.g. ``Context.abort``, to stop a decode
+    early), waits for ``fn`` to return, then raises KeyboardInterrupt.
     One guarded call at a time per process is the intended use.
     """
     with _lock:
@@ -278,7 +281,9 @@ def call_guarded(fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         try:
             guard.done.wait()
         except BaseException:
-            # Ctrl-C: the native call cannot be interrupted; let it finish before leaving
+            # Ctrl-C: the native call cannot be interrupted from here; ask it to stop, let it finish
+            if on_interrupt is not None:
+                on_interrupt()
             guard.done.wait()
             raise
     finally:

@@ -1,0 +1,259 @@
+"""The binding's traps (issue 23): Ctrl-C in the batched and tree decodes, an abort path for a
+context of any thread, per-call piece buffers, no work at import, one lifetime mechanism for
+every native object, no network I/O in finalizers."""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+from conftest import THREADS
+
+from llama_spec import Context, Model
+from llama_spec.errors import DecodeError
+
+PKG = Path(__file__).resolve().parent.parent / "llama_spec"
+
+
+# -- Ctrl-C during the batched and tree decodes ----------------------------------------------------
+# Each child prints READY just before its long decode, the parent sends SIGINT `delay` seconds
+# later, and the child reports when it caught what, and whether the next work was right.
+_CHILD_DECODE = r"""
+import json, sys, threading, time
+import numpy as np
+from llama_spec import Context, Model
+from llama_spec.errors import DecodeError
+path, mode = sys.argv[1], sys.argv[2]
+m = Model(path, repack=False)
+N_SEQ, N_TOK = 4, 1000
+kw = dict(n_ctx=N_SEQ * 1024, n_batch=N_SEQ * N_TOK, n_ubatch=512, n_seq_max=N_SEQ, n_threads=2,
+          kv_unified=(mode == "tree"))
+box = {}
+# built on a worker thread: its abort path must work on the main thread's decodes too
+t = threading.Thread(target=lambda: box.setdefault("ctx", Context(m, **kw)))
+t.start(); t.join()
+ctx = box["ctx"]
+toks = np.asarray(m.tokenize("The history of the world, " * 400)[:N_TOK], dtype=np.int32)
+tokens = np.tile(toks, N_SEQ)
+pos = np.tile(np.arange(N_TOK, dtype=np.int32), N_SEQ)
+seqs = np.repeat(np.arange(N_SEQ, dtype=np.int32), N_TOK)
+out = np.zeros(len(tokens), dtype=bool); out[N_TOK - 1::N_TOK] = True
+
+def long_decode(c):
+    if mode == "multi":
+        return c.decode_multi(tokens, pos, seqs, out)
+    # a tree: the first half of every row set shared by two sequences
+    sets = [[int(s)] if p >= N_TOK // 2 else [int(s) - int(s) % 2, int(s) - int(s) % 2 + 1]
+            for s, p in zip(seqs, pos)]
+    keep = (seqs % 2 == 0) | (pos >= N_TOK // 2)
+    return c.decode_seq_sets(tokens[keep], pos[keep], [s for s, k in zip(sets, keep) if k], out[keep])
+
+def continuation(c):
+    # greedy, 2 sequences at once through decode_multi (no clear(): the stopped batch must have
+    # left nothing behind), then one plain decode
+    prompts = [m.tokenize("The capital of France is"), m.tokenize("def add(a, b):")]
+    lg = c.decode_multi(np.concatenate(prompts), np.concatenate([np.arange(len(p)) for p in prompts]),
+                        np.concatenate([np.full(len(p), s) for s, p in enumerate(prompts)]),
+                        np.concatenate([np.arange(len(p)) == len(p) - 1 for p in prompts]))
+    nxt = [int(np.argmax(r)) for r in lg]
+    got = [[t] for t in nxt]
+    for step in range(5):
+        lg = c.decode_multi(nxt, [len(p) + step for p in prompts], [0, 1], "all")
+        nxt = [int(np.argmax(r)) for r in lg]
+        for o, t in zip(got, nxt):
+            o.append(t)
+    got.append([int(np.argmax(c.decode([nxt[0]], seq_id=0)[-1]))])
+    return got
+
+print("READY", flush=True)
+res = {"t_caught": None, "error": None}
+try:
+    long_decode(ctx)
+    res["finished"] = True
+except KeyboardInterrupt:
+    res["t_caught"] = time.time()
+except BaseException as e:
+    res["error"] = f"{type(e).__name__}: {e}"
+res["pos_max_after"] = [ctx.pos_max(s) for s in range(N_SEQ)]
+try:
+    res["after"] = continuation(ctx)
+except BaseException as e:  # e.g. a KeyboardInterrupt parked by the stopped decode
+    res["after_error"] = f"{type(e).__name__}: {e}"
+fresh = Context(m, **kw)
+res["fresh"] = continuation(fresh)
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+_CHILD_BATCH = r"""
+import json, sys, time
+from llama_spec import BatchGenerator, GenerationRequest, Model, SamplerParams
+path = sys.argv[1]
+m = Model(path, repack=False)
+sp = SamplerParams(temp=0)
+kw = dict(n_parallel=2, n_ctx=6400, n_batch=512, n_threads=2)
+gen = BatchGenerator(m, None, **kw)
+long_prompt = list(m.tokenize("The history of the world, " * 1200))[:6000]
+short = [GenerationRequest("The capital of France is", sampling=sp, n_predict=8),
+         GenerationRequest("def fibonacci(n):", sampling=sp, n_predict=8)]
+print("READY", flush=True)
+res = {"t_caught": None, "error": None}
+try:
+    gen.generate_batch([GenerationRequest(long_prompt, sampling=sp, n_predict=64, ignore_eos=True), short[0]])
+    res["finished"] = True
+except KeyboardInterrupt:
+    res["t_caught"] = time.time()
+except BaseException as e:
+    res["error"] = f"{type(e).__name__}: {e}"
+try:
+    res["after"] = [r.tokens for r in gen.generate_batch(short)]
+except BaseException as e:
+    res["after_error"] = f"{type(e).__name__}: {e}"
+res["fresh"] = [r.tokens for r in BatchGenerator(m, None, **kw).generate_batch(short)]
+print("RESULT " + json.dumps(res), flush=True)
+"""
+
+
+def _default_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_DFL)  # a child of a process ignoring SIGINT would inherit it
+
+
+def _interrupted_child(code: str, *args: str, delay: float = 0.5, timeout: float = 600) -> dict:
+    p = subprocess.Popen([sys.executable, "-c", code, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True, preexec_fn=_default_sigint)
+    assert p.stdout is not None
+    try:
+        for line in p.stdout:
+            if line.startswith("READY"):
+                break
+        time.sleep(delay)
+        t_sent = time.time()
+        p.send_signal(signal.SIGINT)
+        res: dict = {}
+        for line in p.stdout:
+            if line.startswith("RESULT "):
+                res = json.loads(line[7:])
+        p.wait(timeout=timeout)
+    finally:
+        if p.poll() is None:
+            p.kill()
+    assert p.stderr is not None
+    res["rc"] = p.returncode
+    res["latency_s"] = None if res.get("t_caught") is None else res["t_caught"] - t_sent
+    res["stderr_tail"] = p.stderr.read()[-2000:]
+    return res
+
+
+@pytest.mark.parametrize("mode", ["multi", "tree"])
+def test_sigint_during_a_batched_or_tree_decode_raises_keyboardinterrupt(smollm_path, mode):
+    # 4 sequences x 1000 tokens in ONE decode_multi / decode_seq_sets call (8 ubatches: seconds
+    # on 2 threads), SIGINT after 0.5 s
+    r = _interrupted_child(_CHILD_DECODE, str(smollm_path), mode)
+    assert r["rc"] == 0 and not r.get("finished"), r
+    assert r["error"] is None, r                       # not DecodeError(2)
+    assert r["latency_s"] is not None and r["latency_s"] < 1.0, r
+    assert r["pos_max_after"] == [-1] * 4, r            # no cell of the stopped batch is left
+    assert "after_error" not in r, r                   # nothing parked for a later decode
+    assert r["after"] == r["fresh"], r                 # the context then decodes as a fresh one
+
+
+def test_sigint_during_a_batch_generator_run_and_the_next_request(smollm_path):
+    r = _interrupted_child(_CHILD_BATCH, str(smollm_path))
+    assert r["rc"] == 0 and not r.get("finished"), r
+    assert r["error"] is None, r
+    assert r["latency_s"] is not None and r["latency_s"] < 1.0, r
+    assert "after_error" not in r, r
+    assert r["after"] == r["fresh"], r                 # the same generator, then a correct request
+
+
+# -- an abort path for contexts of any thread -------------------------------------------------------
+def _long_batch(model: Model, n: int) -> np.ndarray:
+    return np.asarray(model.tokenize("Once upon a time, in a land far away, " * (n // 8 + 1))[:n], dtype=np.int32)
+
+
+def _abort_from_here(ctx_box: dict, timeout: float = 60.0) -> float:
+    """Call ctx.abort() until a decode is running (then it returns True); the time it did."""
+    deadline = time.monotonic() + timeout
+    while "ctx" not in ctx_box or not ctx_box["ctx"].abort():
+        if time.monotonic() > deadline or "done" in ctx_box:
+            raise AssertionError(f"no decode to abort: {ctx_box}")
+        time.sleep(0.005)
+    return time.monotonic()
+
+
+@pytest.mark.parametrize("built_on", ["worker", "main"])
+def test_a_decode_on_a_worker_thread_can_be_aborted_from_another(smollm, built_on):
+    toks = _long_batch(smollm, 3000)
+    kw = dict(n_ctx=4096, n_batch=3072, n_ubatch=256, n_threads=THREADS)
+    box: dict = {}
+    if built_on == "main":
+        box["ctx"] = Context(smollm, **kw)
+
+    def work() -> None:
+        try:
+            ctx = box.get("ctx") or box.setdefault("ctx", Context(smollm, **kw))
+            try:
+                ctx.decode(toks, outputs="last")
+            except DecodeError as e:
+                box["err"], box["t_err"] = e, time.monotonic()
+            box["pos_max"] = ctx.pos_max(0)
+            box["after"] = ctx.decode(toks[:16], outputs="all").copy()   # usable, as a fresh context
+        except BaseException as e:  # noqa: BLE001 - reported below
+            box["unexpected"] = e
+        finally:
+            box["done"] = True
+
+    th = threading.Thread(target=work)
+    th.start()
+    try:
+        t_abort = _abort_from_here(box)
+    finally:
+        th.join(120)   # never leave a decode running past the test (the model is shared)
+    assert not th.is_alive()
+    assert "unexpected" not in box, box
+    err = box.get("err")
+    assert isinstance(err, DecodeError) and err.code == 2 and "abort" in str(err), box
+    assert box["t_err"] - t_abort < 1.0   # within a graph node, not at the end of the prompt
+    assert box["pos_max"] == -1           # the stopped batch left no cell
+    fresh = Context(smollm, **kw)
+    np.testing.assert_array_equal(box["after"], fresh.decode(toks[:16], outputs="all"))
+    assert not box["ctx"].abort()         # idle: nothing to stop, nothing parked for later
+    box["ctx"].decode(toks[16:32])
+    fresh.close()
+    box["ctx"].close()
+
+
+def test_abort_decodes_stops_every_running_decode(smollm):
+    from llama_spec.context import abort_decodes
+
+    toks = _long_batch(smollm, 2000)
+    assert abort_decodes() == 0
+    ctxs = [Context(smollm, n_ctx=2048, n_batch=2048, n_ubatch=256, n_threads=1) for _ in range(2)]
+    errs: list[BaseException | None] = [None, None]
+
+    def work(i: int) -> None:
+        try:
+            ctxs[i].decode(toks)
+        except DecodeError as e:
+            errs[i] = e
+
+    ths = [threading.Thread(target=work, args=(i,)) for i in range(2)]
+    for t in ths:
+        t.start()
+    deadline = time.monotonic() + 60
+    stopped = 0
+    while stopped < 2 and time.monotonic() < deadline and any(t.is_alive() for t in ths):
+        stopped += abort_decodes()
+        time.sleep(0.005)
+    for t in ths:
+        t.join(120)
+    assert all(isinstance(e, DecodeError) and e.code == 2 for e in errs), errs
+    assert [c.pos_max(0) for c in ctxs] == [-1, -1]
+    for c in ctxs:
+        c.close()
