@@ -1,6 +1,8 @@
 """The binding layer: the compiled cffi module, backend init, and llama.cpp's log -> `logging`.
 
 Everything above this module talks to llama.cpp only through `ffi` and `lib` from here.
+Importing it only loads the library: the backends are initialised and the log hooked by
+:func:`ensure_init`, on first use (the first Model, device listing, RPC registration).
 llama.cpp's log is routed to the `llama_spec.llama_cpp` logger; nothing is printed unless the
 application configures logging (the CLI does, on stderr). The last warning/error lines are
 kept so that load failures can say *why*.
@@ -85,16 +87,26 @@ def clear_recent_errors() -> None:
 
 
 _init_done = False
+_init_lock = threading.Lock()
 
 
 def ensure_init() -> None:
-    """Initialise llama.cpp's backends once per process and hook its log."""
+    """Initialise llama.cpp's backends once per process and hook its log (thread-safe).
+
+    Importing the package only loads the library; this runs on the first Model (and before
+    anything else that needs the backends, e.g. listing devices or registering RPC servers).
+    """
     global _init_done
     if _init_done:
         return
-    lib.llama_log_set(lib._lsp_log_callback, ffi.NULL)
-    lib.llama_backend_init()
-    _init_done = True
+    with _init_lock:
+        if _init_done:
+            return
+        lib.llama_log_set(lib._lsp_log_callback, ffi.NULL)
+        lib.llama_backend_init()
+        _init_done = True
 
 
-ensure_init()
+def backend_initialized() -> bool:
+    """Has :func:`ensure_init` run in this process? (Tests check that import alone does not.)"""
+    return _init_done

@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from . import rpc as _rpc
-from ._ffi import ffi, lib
+from ._ffi import ensure_init, ffi, lib
 from ._handle import endpoints as _registry
 from .errors import RpcConnectionError
 from .types import SplitMode
@@ -73,11 +73,13 @@ def devices(*, memory: bool = True) -> list[Device]:
     Memory of an RPC device whose server does not answer (or was lost) reads as 0.
     `memory=False` skips the memory queries (no network traffic at all).
     """
+    ensure_init()
     return [describe(lib.ggml_backend_dev_get(i), memory=memory) for i in range(lib.ggml_backend_dev_count())]
 
 
 def rpc_endpoint_of(name: str) -> str | None:
     """The "host:port" of RPC device `name` (ggml-rpc's device description), None if not RPC."""
+    ensure_init()
     dev = lib.ggml_backend_dev_by_name(name.encode())
     if dev == ffi.NULL:
         return None
@@ -103,6 +105,7 @@ def local_offload_devices() -> list[str]:
 
 def device_handle(name: str) -> Any:
     """The ggml device called `name`; ValueError naming the known ones otherwise."""
+    ensure_init()
     dev = lib.ggml_backend_dev_by_name(name.encode())
     if dev == ffi.NULL:
         known = ", ".join(d.name for d in devices())
@@ -118,6 +121,7 @@ def add_rpc_server(endpoint: str, *, timeout: float = 5.0) -> list[str]:
     of ggml-rpc's abort() or an endless wait. Registering also installs the abort callback
     that lets :func:`llama_spec.rpc.call_guarded` survive a server lost later.
     """
+    ensure_init()
     _rpc.parse_endpoint(endpoint)
     _rpc.check_not_lost(endpoint)
     known = _registry.devices_of(endpoint)

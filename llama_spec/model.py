@@ -11,10 +11,10 @@ import numpy as np
 
 from . import backends as _backends
 from . import rpc as _rpc
-from ._ffi import clear_recent_errors, ffi, lib, recent_errors
+from ._ffi import clear_recent_errors, ensure_init, ffi, lib, recent_errors
 from ._handle import NativeHandle
 from .errors import ModelLoadError
-from .gguf_check import check_gguf
+from .models.gguf_check import check_gguf
 from .types import SplitMode
 
 __all__ = ["LOAD_MODES", "Model"]
@@ -38,6 +38,8 @@ def _check_gguf_file(path: Path) -> None:
     except ValueError as e:
         raise ModelLoadError(str(path), str(e)) from None
 
+
+_PIECE_CAP = 64  # first try for one token's bytes; a longer piece is fetched again at its size
 
 # llama.cpp's -lm/--load-mode values (common/arg.cpp); --no-mmap is "none", --mlock "mmap+mlock".
 LOAD_MODES = {
@@ -84,6 +86,7 @@ class Model(NativeHandle):
             raise ValueError(f"main_gpu must be an int in [0, 1024), got {main_gpu!r}")
         self.path = Path(path)
         _check_gguf_file(self.path)
+        ensure_init()  # the backends and the log hook, once per process (import does no work)
         placement = _backends.place_model(split_mode=split_mode, tensor_split=tensor_split, main_gpu=main_gpu,
                                           devices=devices, rpc_servers=rpc_servers)
         params = lib.llama_model_default_params()
@@ -120,7 +123,8 @@ class Model(NativeHandle):
         self.repack = bool(repack)
         self.split_mode: SplitMode = split_mode
         self.tensor_split = placement.tensor_split
-        self._piece_buf = ffi.new("char[]", 256)
+        # token -> bytes, filled on first use. Every C call writes into a buffer of its own call:
+        # the GIL is released while llama.cpp runs, so threads sharing a Model must never share one.
         self._piece_cache: dict[tuple[int, bool], bytes] = {}
 
     @classmethod
@@ -129,10 +133,10 @@ class Model(NativeHandle):
         """Download (or find in the HF cache) a GGUF from the Hugging Face hub and load it.
 
         ``filename`` is a glob (``"*q4_k_m.gguf"``), a quant tag or a file name (see
-        :mod:`llama_spec.hub`); ``HF_HUB_OFFLINE=1`` is honoured. Other keyword arguments go
+        :mod:`llama_spec.models.hub`); ``HF_HUB_OFFLINE=1`` is honoured. Other keyword arguments go
         to :class:`Model`.
         """
-        from .hub import download_gguf
+        from .models.hub import download_gguf
 
         return cls(download_gguf(repo_id, filename, revision=revision, cache_dir=cache_dir), **kwargs)
 
@@ -253,7 +257,7 @@ class Model(NativeHandle):
             raise ValueError(f"token {token} out of range [0, {self.n_vocab})")
 
     def tokenize(self, text: str | bytes, *, add_special: bool = True, parse_special: bool = False) -> list[int]:
-        """Text -> token ids (BOS added when the model wants it and `add_special`)."""
+        """Text -> token ids (BOS added when the model wants it and `add_special`). Thread-safe."""
         vocab = self.vocab_ptr
         if not isinstance(text, (str, bytes, bytearray)):
             raise TypeError(f"text must be str or bytes, got {type(text).__name__}")
@@ -273,7 +277,7 @@ class Model(NativeHandle):
         return list(ffi.unpack(buf, n))
 
     def token_to_piece(self, token: int, *, special: bool = False) -> bytes:
-        """One token's bytes (may be part of a UTF-8 character)."""
+        """One token's bytes (may be part of a UTF-8 character). Thread-safe (cached per model)."""
         key = (token, special)  # int(token) only after the check: a float/huge value must not reach C
         piece = self._piece_cache.get(key)
         if piece is not None:
@@ -281,18 +285,17 @@ class Model(NativeHandle):
         self._check_token(token)
         key = (int(token), bool(special))
         vocab = self.vocab_ptr
-        n = lib.llama_token_to_piece(vocab, int(token), self._piece_buf, 256, 0, special)
+        buf = ffi.new("char[]", _PIECE_CAP)  # this call's own: see __init__
+        n = lib.llama_token_to_piece(vocab, int(token), buf, _PIECE_CAP, 0, special)
         if n < 0:
             buf = ffi.new("char[]", -n)
             n = lib.llama_token_to_piece(vocab, int(token), buf, -n, 0, special)
-            piece = bytes(ffi.unpack(buf, n))
-        else:
-            piece = bytes(ffi.unpack(self._piece_buf, n))
+        piece = bytes(ffi.unpack(buf, n))
         self._piece_cache[key] = piece
         return piece
 
     def detokenize(self, tokens: Sequence[int], *, remove_special: bool = False, unparse_special: bool = False) -> str:
-        """Token ids -> text (invalid UTF-8 replaced)."""
+        """Token ids -> text (invalid UTF-8 replaced). Thread-safe."""
         vocab = self.vocab_ptr
         for t in tokens:
             self._check_token(t)

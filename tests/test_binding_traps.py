@@ -257,3 +257,69 @@ def test_abort_decodes_stops_every_running_decode(smollm):
     assert [c.pos_max(0) for c in ctxs] == [-1, -1]
     for c in ctxs:
         c.close()
+
+
+# -- per-call piece buffers: one Model shared by threads -------------------------------------------
+_TEXTS = [f"Thread {i}: " + t for i, t in enumerate([
+    "The quick brown fox jumps over the lazy dog.", "def fibonacci(n):\n    return n if n < 2 else n",
+    "Ünïcödé, 日本語のテキスト, emoji 🎉 and more", "SELECT * FROM users WHERE id = 42;",
+    "Lorem ipsum dolor sit amet, consectetur adipiscing elit.", "{'a': [1, 2, 3], 'b': None}",
+    "    indented\n\ttabs\r\nand newlines", "1234567890 + 0.5e-3 = ?"])]
+
+
+def test_threads_sharing_a_model_get_the_single_thread_results(smollm_path):
+    ref_model = Model(smollm_path, vocab_only=True)
+    ref = [(toks := ref_model.tokenize(t), ref_model.detokenize(toks)) for t in _TEXTS]
+    ids = list(range(ref_model.n_vocab))
+    ref_pieces = [ref_model.token_to_piece(i) for i in ids]
+    ref_model.close()
+
+    shared = Model(smollm_path, vocab_only=True)   # a cold piece cache: every thread reaches C
+    errors: list[str] = []
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-5)   # switch threads as often as possible
+    barrier = threading.Barrier(8)
+
+    def work(i: int) -> None:
+        barrier.wait()
+        order = ids[i * 6000:] + ids[: i * 6000]   # each thread starts at another id
+        for t in order:
+            if shared.token_to_piece(t) != ref_pieces[t]:
+                errors.append(f"thread {i}: piece of {t}")
+                return
+        for _ in range(500):
+            toks = shared.tokenize(_TEXTS[i])
+            if toks != ref[i][0] or shared.detokenize(toks) != ref[i][1]:
+                errors.append(f"thread {i}: text {_TEXTS[i]!r}")
+                return
+
+    try:
+        ths = [threading.Thread(target=work, args=(i,)) for i in range(8)]
+        for t in ths:
+            t.start()
+        for t in ths:
+            t.join()
+    finally:
+        sys.setswitchinterval(old)
+    assert errors == []
+    assert [shared.token_to_piece(i) for i in ids] == ref_pieces   # nothing wrong was cached
+    shared.close()
+
+
+# -- no work at import -----------------------------------------------------------------------------
+def test_import_only_loads_the_library_backend_init_on_first_model(smollm_path):
+    code = (
+        "import sys, llama_spec._ffi as f\n"
+        "assert not f.backend_initialized(), 'after import llama_spec._ffi'\n"
+        "import llama_spec, llama_spec.context, llama_spec.sampling, llama_spec.backends\n"
+        "assert not f.backend_initialized(), 'after import llama_spec'\n"
+        "m = llama_spec.Model(sys.argv[1], vocab_only=True)\n"
+        "assert f.backend_initialized(), 'after Model()'\n"
+        "print('OK')\n")
+    r = subprocess.run([sys.executable, "-c", code, str(smollm_path)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr[-2000:]
+    code = ("import llama_spec._ffi as f, llama_spec\n"
+            "llama_spec.devices(memory=False)\n"
+            "assert f.backend_initialized()\nprint('OK')\n")
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0 and r.stdout.strip() == "OK", r.stderr[-2000:]
