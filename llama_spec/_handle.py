@@ -1,8 +1,9 @@
 """Lifetime of native objects, at the bottom of the stack: one owner per llama.cpp pointer.
 
-:class:`NativeHandle` is what :class:`~llama_spec.Model` and :class:`~llama_spec.Context` are
-built on: it holds the pointer, frees it exactly once (``close()`` is idempotent, also called by
-the context manager and the finalizer), and knows a third state besides open and closed: *lost*.
+:class:`NativeHandle` is what every owner of a llama.cpp object is built on (models, contexts,
+samplers, grammars, reasoning budgets; ``ffi.gc`` is not used anywhere): it holds the pointer,
+frees it exactly once (``close()`` is idempotent, also called by the context manager and the
+finalizer), and knows a third state besides open and closed: *lost*.
 A handle whose memory lives partly on an RPC server that went away is lost: freeing it would
 make ggml-rpc wait on a dead connection forever (or abort the process), so its memory is leaked
 on purpose, ``close()`` does nothing, and every use raises :class:`RpcConnectionError`.

@@ -18,6 +18,7 @@ from typing import Any
 import numpy as np
 
 from ._ffi import ffi, lib
+from ._handle import NativeHandle
 
 __all__ = ["GrammarState", "json_schema_to_grammar"]
 
@@ -52,33 +53,40 @@ def json_schema_to_grammar(schema: str | Mapping[str, Any] | bool) -> str:
     raise RuntimeError("json_schema_to_grammar: the grammar changed length between two calls")
 
 
-class GrammarState:
+class GrammarState(NativeHandle):
     """One llama.cpp grammar sampler (owned): mask candidates, test tokens, accept a token.
 
     ``accept`` must only get a token the grammar allows now (llama.cpp aborts otherwise), so it
     checks first and raises ValueError; a drafter only accepts tokens it drew from a masked q.
+    Freed once by ``close()`` (idempotent; also the context manager and the finalizer); any
+    use after that raises ValueError.
     """
 
+    _kind = "GrammarState"
     _SMALL = 256  # the small candidate array `allowed` works on, grown when needed
 
     def __init__(self, ptr: Any) -> None:
         if ptr == ffi.NULL:
             raise ValueError("no grammar sampler")
-        self._ptr = ffi.gc(ptr, lib.llama_sampler_free)
+        self._adopt(ptr)
         self._buf = ffi.new("llama_token_data[]", self._SMALL)
         self._cap = self._SMALL
         self._cur = ffi.new("llama_token_data_array *")
 
+    def _free(self, ptr: Any) -> None:
+        lib.llama_sampler_free(ptr)
+
     def clone(self) -> GrammarState:
-        return GrammarState(lib.llama_sampler_clone(self._ptr))
+        return GrammarState(lib.llama_sampler_clone(self.ptr))
 
     def apply(self, cur: Any) -> None:
         """Set the logit of every token the grammar forbids now to -inf in `cur`
         (a llama_token_data_array *)."""
-        lib.llama_sampler_apply(self._ptr, cur)
+        lib.llama_sampler_apply(self.ptr, cur)
 
     def allowed(self, ids: np.ndarray) -> np.ndarray:
         """bool (n,): which of the token ids (int32 (n,)) the grammar allows as the next token."""
+        ptr = self.ptr
         n = len(ids)
         if n > self._cap:
             self._cap = max(n, 2 * self._cap)
@@ -87,11 +95,11 @@ class GrammarState:
             self._buf[i].id, self._buf[i].logit, self._buf[i].p = t, 0.0, 0.0
         cur = self._cur
         cur.data, cur.size, cur.selected, cur.sorted = self._buf, n, -1, False
-        lib.llama_sampler_apply(self._ptr, cur)
+        lib.llama_sampler_apply(ptr, cur)
         return np.array([self._buf[i].logit != float("-inf") for i in range(n)], dtype=bool)
 
     def accept(self, token: int) -> None:
         """Advance the grammar by `token` (ValueError if the grammar does not allow it now)."""
         if not self.allowed(np.array([token], dtype=np.int32))[0]:
             raise ValueError(f"token {token} is not allowed by the grammar here")
-        lib.llama_sampler_accept(self._ptr, int(token))
+        lib.llama_sampler_accept(self.ptr, int(token))

@@ -14,6 +14,10 @@ Contract (the words of docs/design.md):
 * ``TargetSampler.accept(token)`` must be called exactly once per emitted position, in order,
   before the next position's candidates (budget, grammar and penalties depend on it).
 * ``clone()`` copies every piece of state (chain, budget, grammar, dist RNG).
+
+Every llama.cpp sampler here (the target's chain, :class:`SamplerChain`, the reasoning budget,
+grammar states) is a :class:`~llama_spec._handle.NativeHandle`: freed exactly once by
+``close()`` (idempotent; also the context manager and the finalizer), ValueError on any use after.
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from typing import Any
 import numpy as np
 
 from ._ffi import ffi, lib
+from ._handle import NativeHandle
 from .grammar import GrammarState
 from .model import Model
 
-__all__ = ["DEFAULT_SEED", "TOKEN_DATA", "CandidateBuffers", "ReasoningBudget", "SamplerParams", "TargetSampler",
-           "build_chain"]
+__all__ = ["DEFAULT_SEED", "TOKEN_DATA", "CandidateBuffers", "ReasoningBudget", "SamplerChain", "SamplerParams",
+           "TargetSampler", "build_chain"]
 
 DEFAULT_SEED = 0xFFFFFFFF  # llama.cpp's LLAMA_DEFAULT_SEED: a random seed
 TOKEN_DATA = np.dtype([("id", "<i4"), ("logit", "<f4"), ("p", "<f4")])  # llama_token_data, as numpy
@@ -166,13 +171,14 @@ class CandidateBuffers:
         return self.ids[:1], self.probs[:1]
 
 
-class ReasoningBudget:
+class ReasoningBudget(NativeHandle):
     """llama.cpp's reasoning-budget sampler (common/reasoning-budget.cpp) through the shim.
 
     Counts tokens after any of `start` sequences; after `budget` tokens (and a complete UTF-8
     character) it forces `forced` token by token (p one-hot), then passes everything through.
     """
 
+    _kind = "ReasoningBudget"
     STATES = ("idle", "counting", "forcing", "waiting_utf8", "done")
 
     def __init__(self, model: Model, *, start: Sequence[Sequence[int]], end: Sequence[Sequence[int]],
@@ -205,25 +211,28 @@ class ReasoningBudget:
                                             self.budget, self.STATES.index(initial_state))
         if ptr == ffi.NULL:
             raise ValueError("llama.cpp rejected the reasoning-budget parameters")
-        self._ptr = ffi.gc(ptr, lib.llama_sampler_free)
+        self._adopt(ptr)
 
     @classmethod
-    def _wrap(cls, model: Model, ptr: Any, budget: int) -> ReasoningBudget:
+    def _wrap(cls, model: Model, ptr: Any, budget: int, keep: list[Any]) -> ReasoningBudget:
         obj = cls.__new__(cls)
-        obj.model, obj.budget, obj._keep = model, budget, []
-        obj._ptr = ffi.gc(ptr, lib.llama_sampler_free)
+        obj.model, obj.budget, obj._keep = model, budget, keep
+        obj._adopt(ptr)
         return obj
+
+    def _free(self, ptr: Any) -> None:
+        lib.llama_sampler_free(ptr)
 
     @property
     def state(self) -> str:
-        return self.STATES[lib.lsp_reasoning_budget_get_state(self._ptr)]
+        return self.STATES[lib.lsp_reasoning_budget_get_state(self.ptr)]
 
     def force(self) -> bool:
         """Jump to FORCING now (e.g. the user pressed stop-thinking)."""
-        return bool(lib.lsp_reasoning_budget_force(self._ptr))
+        return bool(lib.lsp_reasoning_budget_force(self.ptr))
 
     def clone(self) -> ReasoningBudget:
-        return ReasoningBudget._wrap(self.model, lib.llama_sampler_clone(self._ptr), self.budget)
+        return ReasoningBudget._wrap(self.model, lib.llama_sampler_clone(self.ptr), self.budget, self._keep)
 
 
 def _penalties_on(params: SamplerParams) -> bool:
@@ -303,8 +312,30 @@ def build_chain(params: SamplerParams, model: Model, *, with_dist: bool) -> tupl
     return ch, keep
 
 
-class TargetSampler:
-    """The target's sampler: chain (+ budget, grammar) -> p, dist for the plain path, accept()."""
+class SamplerChain(NativeHandle):
+    """An owned llama.cpp sampler chain for `params` (:func:`build_chain`): ``ptr`` is the chain,
+    freed once (``close()``, the context manager or the finalizer), with the cffi arrays it reads."""
+
+    _kind = "SamplerChain"
+
+    def __init__(self, params: SamplerParams, model: Model, *, with_dist: bool) -> None:
+        ch, self._keep = build_chain(params, model, with_dist=with_dist)
+        self._adopt(ch)
+
+    def _free(self, ptr: Any) -> None:
+        lib.llama_sampler_free(ptr)
+
+
+class TargetSampler(NativeHandle):
+    """The target's sampler: chain (+ budget, grammar) -> p, dist for the plain path, accept().
+
+    Owns its chain and grammar (and the budget of a clone); ``close()`` frees them once, and
+    every call after it raises ValueError.
+    """
+
+    _kind = "TargetSampler"
+    _grammar_state: GrammarState | None = None
+    _own_budget = False
 
     def __init__(self, model: Model, params: SamplerParams | None = None, *,
                  reasoning_budget: ReasoningBudget | None = None, _clone_from: TargetSampler | None = None) -> None:
@@ -314,22 +345,25 @@ class TargetSampler:
         if _clone_from is None:
             # One chain with dist at the end; `candidates` runs all members but the last.
             ch, self._keep = build_chain(self.params, model, with_dist=True)
-            self._chain = ffi.gc(ch, lib.llama_sampler_free)
+            self._adopt(ch)
             self.budget = reasoning_budget
-            g = ffi.NULL
             if self.params.grammar:
                 g = lib.llama_sampler_init_grammar(model.vocab_ptr, self.params.grammar.encode(),
                                                    self.params.grammar_root.encode())
                 if g == ffi.NULL:
+                    self.close()
                     raise ValueError("llama.cpp could not parse the GBNF grammar (see the log)")
-                g = ffi.gc(g, lib.llama_sampler_free)
-            self._grammar = g
+                self._grammar_state = GrammarState(g)
         else:
             self._keep = _clone_from._keep
-            self._chain = ffi.gc(lib.llama_sampler_clone(_clone_from._chain), lib.llama_sampler_free)
+            self._adopt(lib.llama_sampler_clone(_clone_from.ptr))
+            self._own_budget = _clone_from.budget is not None
             self.budget = _clone_from.budget.clone() if _clone_from.budget is not None else None
-            self._grammar = (ffi.gc(lib.llama_sampler_clone(_clone_from._grammar), lib.llama_sampler_free)
-                             if _clone_from._grammar != ffi.NULL else ffi.NULL)
+            if _clone_from._grammar_state is not None:
+                self._grammar_state = _clone_from._grammar_state.clone()
+        # raw pointers for the hot path: valid while this sampler is open (checked per call)
+        self._chain = self._ptr
+        self._grammar = self._grammar_state.ptr if self._grammar_state is not None else ffi.NULL
         self._n_chain = lib.llama_sampler_chain_n(self._chain)
         self._members = [lib.llama_sampler_chain_get(self._chain, i) for i in range(self._n_chain)]
         plain_chain = self.budget is None and self._grammar == ffi.NULL and not _edits_logits_beyond_bans(self.params)
@@ -348,9 +382,18 @@ class TargetSampler:
         self._cb = CandidateBuffers(self.n_vocab)  # preallocated: nothing allocated per position
         self.n_accept_calls = 0
 
+    def _free(self, ptr: Any) -> None:
+        self._chain = self._grammar = ffi.NULL
+        self._members = []
+        lib.llama_sampler_free(ptr)
+        if self._grammar_state is not None:
+            self._grammar_state.close()
+        if self._own_budget and self.budget is not None:
+            self.budget.close()
+
     @property
     def has_grammar(self) -> bool:
-        return bool(self._grammar != ffi.NULL)
+        return self._grammar_state is not None
 
     @property
     def greedy(self) -> bool:
@@ -368,12 +411,14 @@ class TargetSampler:
     def grammar_clone(self) -> GrammarState | None:
         """A copy of the grammar's current state (None without a grammar), for a drafter to mask
         q with and advance by its own drafts; this sampler's state is not touched."""
-        if self._grammar == ffi.NULL:
-            return None
-        return GrammarState(lib.llama_sampler_clone(self._grammar))
+        if self._ptr is None:
+            self._check_usable()
+        return None if self._grammar_state is None else self._grammar_state.clone()
 
     # -- the steps ----------------------------------------------------------------------------
     def _check_row(self, logits_row: np.ndarray) -> np.ndarray:
+        if self._ptr is None:
+            self._check_usable()  # closed: ValueError before any pointer reaches C
         if logits_row.dtype != np.float32 or logits_row.shape[-1] != self.n_vocab:
             raise ValueError(f"logits row must be float32 of width {self.n_vocab}")
         if self._bans is not None and self._masked is not None:  # a copy: the caller's row stays as it was
@@ -390,7 +435,7 @@ class TargetSampler:
             return self._cb.fill(row, self._prefilter_k)
         cur = self._cb.fill(row)
         if self.budget is not None:
-            lib.llama_sampler_apply(self.budget._ptr, cur)
+            lib.llama_sampler_apply(self.budget.ptr, cur)
         if self._grammar != ffi.NULL:
             lib.llama_sampler_apply(self._grammar, cur)
         return cur
@@ -452,16 +497,18 @@ class TargetSampler:
 
     def accept(self, token: int) -> None:
         """Record the emitted token: exactly once per emitted position, in order."""
+        if self._ptr is None:
+            self._check_usable()
         if self.budget is not None:
-            lib.llama_sampler_accept(self.budget._ptr, token)
+            lib.llama_sampler_accept(self.budget.ptr, token)
         if self._grammar != ffi.NULL:
             lib.llama_sampler_accept(self._grammar, token)
         lib.llama_sampler_accept(self._chain, token)
         self.n_accept_calls += 1
 
     def reset(self) -> None:
-        lib.llama_sampler_reset(self._chain)
+        lib.llama_sampler_reset(self.ptr)
         if self._grammar != ffi.NULL:
             lib.llama_sampler_reset(self._grammar)
         if self.budget is not None:
-            lib.llama_sampler_reset(self.budget._ptr)
+            lib.llama_sampler_reset(self.budget.ptr)
