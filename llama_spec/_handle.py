@@ -12,6 +12,12 @@ on purpose, ``close()`` does nothing, and every use raises :class:`RpcConnection
 with ggml (and their device names), which were lost (and why), and which live handles use
 each. :mod:`llama_spec.rpc` marks handles lost through it, so it never needs to know what a
 model or a context is.
+
+Finalizers do no network I/O: freeing a handle on RPC servers first asks the servers (a probe
+with a timeout), so a handle on RPC servers that is garbage-collected unclosed is not freed in
+its finalizer but queued, and freed (probe first) at the next safe point: the next RPC model or
+context created, the next explicit ``close()`` of one, or :meth:`EndpointRegistry.free_deferred`
+(``llama_spec.rpc.free_deferred()``). Close RPC-backed objects explicitly to free them at once.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ class NativeHandle:
     """
 
     _kind: ClassVar[str] = "handle"
+    _free_rank: ClassVar[int] = 0  # queued frees go in rank order (a model, 1, after its contexts)
     # class-level defaults: a constructor that fails before _adopt still closes cleanly
     _ptr: Any = None  # the cffi pointer; None = none (never adopted, or freed)
     _rpc_endpoints: tuple[str, ...] = ()
@@ -48,6 +55,7 @@ class NativeHandle:
         self._rpc_endpoints = tuple(rpc_endpoints)
         if self._rpc_endpoints:
             endpoints.track(self, self._rpc_endpoints)
+            endpoints.free_deferred()  # a safe point: free what finalizers queued
 
     def _free(self, ptr: Any) -> None:
         """Release the native object (called at most once, never for a lost handle)."""
@@ -104,9 +112,16 @@ class NativeHandle:
             return  # marked lost by the check: leaked on purpose
         ptr, self._ptr = self._ptr, None
         self._free(ptr)
+        if self._rpc_endpoints:
+            endpoints.free_deferred()  # a safe point: free what finalizers queued
 
     def __del__(self) -> None:
         try:
+            if self._rpc_endpoints and self._ptr is not None and self._lost is None:
+                # freeing asks the servers first (network I/O, up to a timeout): never in a
+                # finalizer; queued (which keeps this object alive) and freed at a safe point
+                endpoints.defer_free(self)
+                return
             self.close()
         except Exception:  # noqa: BLE001 - never raise from a finalizer
             pass
@@ -137,6 +152,8 @@ class EndpointRegistry:
         self._lock = threading.RLock()
         self._eps: dict[str, _Endpoint] = {}
         self._free_check: Callable[[tuple[str, ...]], bool] | None = None
+        self._deferred: list[NativeHandle] = []  # unclosed RPC handles their finalizer did not free
+        self._draining = False
 
     def _get(self, endpoint: str) -> _Endpoint:
         ep = self._eps.get(endpoint)
@@ -201,6 +218,45 @@ class EndpointRegistry:
             self.mark_lost(lost)
             return False
         return self._free_check(endpoints) if self._free_check is not None else True
+
+
+    # -- frees deferred from finalizers ------------------------------------------------------
+    def defer_free(self, handle: NativeHandle) -> None:
+        """Queue `handle` (from its finalizer) to be closed by :meth:`free_deferred`. No I/O."""
+        with self._lock:
+            self._deferred.append(handle)
+
+    def deferred(self) -> int:
+        """How many handles wait in the queue."""
+        with self._lock:
+            return len(self._deferred)
+
+    def free_deferred(self) -> int:
+        """Close every queued handle (each asks its servers first: network I/O, bounded by the
+        probe's timeout); return how many were closed. Never call it from a finalizer."""
+        with self._lock:
+            if self._draining:
+                return 0  # re-entered from a close() below
+            self._draining = True
+        n = 0
+        try:
+            while True:
+                with self._lock:
+                    todo, self._deferred = self._deferred, []
+                if not todo:
+                    return n
+                todo.sort(key=lambda h: h._free_rank, reverse=True)  # pop() takes the lowest rank first
+                while todo:  # contexts before their models: a queued context keeps its model alive
+                    h = todo.pop()
+                    try:
+                        h.close()
+                    except Exception:  # noqa: BLE001 - one handle must not keep the others queued
+                        pass
+                    n += 1
+                    del h  # may run another finalizer, which queues more: the next round takes them
+        finally:
+            with self._lock:
+                self._draining = False
 
 
 #: The process-wide registry.

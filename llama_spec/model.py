@@ -59,6 +59,7 @@ class Model(NativeHandle):
     """
 
     _kind = "Model"
+    _free_rank = 1  # freed after its contexts when both wait in the RPC free queue
 
     def __init__(
         self,

@@ -8,6 +8,7 @@ import gc
 import json
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -394,3 +395,44 @@ def test_unclosed_samplers_are_freed_by_their_finalizer(smollm):
     del ts
     gc.collect()
     assert all(r() is None for r in refs)
+
+
+# -- no network I/O in finalizers ------------------------------------------------------------------
+def test_rpc_handle_finalizer_does_no_socket_call(monkeypatch):
+    from llama_spec._handle import NativeHandle, endpoints
+
+    ep = "127.0.0.1:1"   # nothing listens there: a probe would be a (refused) connection
+    freed: list[object] = []
+    socket_calls: list[str] = []
+
+    class _OnRpc(NativeHandle):
+        _kind = "test handle"
+
+        def __init__(self) -> None:
+            self._adopt(object(), [ep])
+
+        def _free(self, ptr: object) -> None:
+            freed.append(ptr)
+
+    def no_socket(*a: object, **k: object) -> None:
+        socket_calls.append(repr(a))
+        raise AssertionError("network I/O in a finalizer")
+
+    h = _OnRpc()
+    ptr = h._ptr
+    queued = [x for x in getattr(endpoints, "_deferred", [])]
+    monkeypatch.setattr(socket, "socket", no_socket)
+    monkeypatch.setattr(socket, "create_connection", no_socket)
+    del h
+    gc.collect()
+    assert socket_calls == []                   # the finalizer asked no server ...
+    assert freed == []                          # ... so it did not free ...
+    assert endpoints.deferred() == len(queued) + 1  # ... but queued the handle
+    monkeypatch.undo()
+    # the next safe point frees it (the free check, i.e. the probe, stubbed: no server here)
+    monkeypatch.setattr(endpoints, "_free_check", lambda eps: True)
+    from llama_spec import rpc
+
+    assert rpc.free_deferred() >= 1
+    assert freed == [ptr] and endpoints.deferred() == 0
+    endpoints._eps.pop(ep, None)

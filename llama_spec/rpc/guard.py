@@ -99,6 +99,13 @@ def retire_if_unreachable(endpoints: tuple[str, ...], timeout: float = 1.0) -> b
     return True
 
 
+def free_deferred() -> int:
+    """Free the RPC-backed models and contexts that were garbage-collected unclosed; return how
+    many. Their finalizers do no network I/O, so they wait for this (or the next RPC model or
+    context created or closed): freeing asks each server first, up to a timeout."""
+    return _registry.free_deferred()
+
+
 def release_unreachable(timeout: float = 1.0) -> dict[str, str]:
     """Mark lost every handle on an RPC server that stopped answering; return {endpoint: why}.
 
