@@ -51,10 +51,8 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 if TYPE_CHECKING:  # what type checkers see; at run time every name is imported on first use
-    from .backends import add_rpc_server, devices
     from .chat_api import ChatCompletion, chat
     from .compat.llama import Llama
-    from .context import Context, MtpContext
     from .drafters.base import Drafter, Proposal
     from .drafters.draft_model import DraftModelDrafter
     from .drafters.mtp import MtpDrafter
@@ -62,10 +60,12 @@ if TYPE_CHECKING:  # what type checkers see; at run time every name is imported 
     from .generation.batch import BatchGenerator, GenerationRequest, generate_batch
     from .generation.evaluation import perplexity
     from .generation.solo import GenerationResult, SpecStats, SpeculativeGenerator, TokenEvent, generate
-    from .model import Model
+    from .llama.context import Context, MtpContext
+    from .llama.devices import add_rpc_server, devices
+    from .llama.model import Model
+    from .llama.sampling import ReasoningBudget, SamplerParams, TargetSampler
     from .observe.stats import TopKStats
     from .rpc import local_rpc_servers
-    from .sampling import ReasoningBudget, SamplerParams, TargetSampler
 
 
 def __getattr__(name: str) -> Any:

@@ -32,6 +32,11 @@ MOVED: dict[str, str] = {
     "llama_spec.tree_verify": "llama_spec.generation.tree",
     "llama_spec.speculative": "llama_spec.generation.solo",
     "llama_spec.batch": "llama_spec.generation.batch",
+    "llama_spec.model": "llama_spec.llama.model",
+    "llama_spec.context": "llama_spec.llama.context",
+    "llama_spec.sampling": "llama_spec.llama.sampling",
+    "llama_spec.grammar": "llama_spec.llama.grammar",
+    "llama_spec.backends": "llama_spec.llama.devices",
 }
 
 

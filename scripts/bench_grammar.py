@@ -34,7 +34,7 @@ if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
 
 from llama_spec import DraftModelDrafter, Model, SamplerParams, SpeculativeGenerator  # noqa: E402
-from llama_spec.grammar import json_schema_to_grammar  # noqa: E402
+from llama_spec.llama.grammar import json_schema_to_grammar  # noqa: E402
 from llama_spec.testing.models import model_path  # noqa: E402
 
 SCHEMAS: dict[str, tuple[dict, str]] = {

@@ -20,9 +20,9 @@ import time
 from llama_spec.drafters.draft_batch import DraftSimpleFactory
 from llama_spec.drafters.draft_model import DraftModelDrafter
 from llama_spec.generation.batch import BatchGenerator, GenerationRequest
-from llama_spec.model import Model
+from llama_spec.llama.model import Model
+from llama_spec.llama.sampling import SamplerParams
 from llama_spec.models.registry import resolve_model
-from llama_spec.sampling import SamplerParams
 
 TOPICS = ("rivers", "bread", "owls", "tea", "maps", "bees", "glass", "chess")
 

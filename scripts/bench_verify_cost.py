@@ -37,7 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--no-repack", dest="repack", action="store_false")
     a = ap.parse_args(argv)
     from llama_spec import Model
-    from llama_spec.context import Context
+    from llama_spec.llama.context import Context
 
     model = Model(resolve(a.target), repack=a.repack)
     ctx = Context(model, n_ctx=a.pos + max(SIZES) + 8, n_threads=a.threads, n_threads_batch=a.threads)

@@ -22,7 +22,7 @@ import numpy as np
 
 from llama_spec import Context, Model, SamplerParams
 from llama_spec.drafters.mirror import MirrorSampler
-from llama_spec.sampling import TargetSampler
+from llama_spec.llama.sampling import TargetSampler
 from llama_spec.testing.distribution import FirstTwoLaws, broken_rule_power
 from llama_spec.testing.models import model_path
 

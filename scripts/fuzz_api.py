@@ -86,7 +86,7 @@ WORKER = r"""
 import json, sys
 import numpy as np
 from llama_spec import Model, SamplerParams, SpeculativeGenerator
-from llama_spec.context import Context
+from llama_spec.llama.context import Context
 from llama_spec.drafters.ngram import build_ngram_drafter
 from llama_spec.errors import LlamaSpecError
 MODEL = sys.argv[1]

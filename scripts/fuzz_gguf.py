@@ -148,7 +148,7 @@ def mutations(seed: bytes, rng: random.Random, n: int, tmp: Path) -> list[tuple[
 WORKER = r"""
 import sys, json
 from llama_spec import Model
-from llama_spec.context import Context
+from llama_spec.llama.context import Context
 from llama_spec.errors import ModelLoadError
 for line in sys.stdin:
     path = line.strip()

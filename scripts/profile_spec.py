@@ -114,7 +114,7 @@ class Profiler:
 
 
 class _LibProxy:
-    """Stands in for llama_spec.context.lib: times lsp_process per context, passes the rest."""
+    """Stands in for llama_spec.llama.context.lib: times lsp_process per context, passes the rest."""
 
     def __init__(self, real, prof: Profiler, role) -> None:
         object.__setattr__(self, "_real", real)
@@ -125,10 +125,10 @@ class _LibProxy:
 
 
 def instrument(pair: Pair, prof: Profiler) -> None:
-    from llama_spec import context as ctxmod
-    from llama_spec import model as modelmod
-    from llama_spec import sampling as smod
     from llama_spec.kernels import token as acc
+    from llama_spec.llama import context as ctxmod
+    from llama_spec.llama import model as modelmod
+    from llama_spec.llama import sampling as smod
     from llama_spec.rules import base as rules_base
 
     target_ctx = pair.gen.ctx

@@ -151,7 +151,7 @@ def _ppl_text() -> str:
 
 
 def test_perplexity_matches_llama_perplexity(smollm, native_bin, tmp_path):
-    from llama_spec.evaluation import perplexity
+    from llama_spec.generation.evaluation import perplexity
 
     text = _ppl_text()
     f = tmp_path / "ppl.txt"

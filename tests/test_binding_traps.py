@@ -233,7 +233,7 @@ def test_a_decode_on_a_worker_thread_can_be_aborted_from_another(smollm, built_o
 
 
 def test_abort_decodes_stops_every_running_decode(smollm):
-    from llama_spec.context import abort_decodes
+    from llama_spec.llama.context import abort_decodes
 
     toks = _long_batch(smollm, 2000)
     assert abort_decodes() == 0
@@ -314,7 +314,7 @@ def test_import_only_loads_the_library_backend_init_on_first_model(smollm_path):
     code = (
         "import sys, llama_spec._ffi as f\n"
         "assert not f.backend_initialized(), 'after import llama_spec._ffi'\n"
-        "import llama_spec, llama_spec.context, llama_spec.sampling, llama_spec.backends\n"
+        "import llama_spec, llama_spec.llama.context, llama_spec.llama.sampling, llama_spec.llama.devices\n"
         "assert not f.backend_initialized(), 'after import llama_spec'\n"
         "m = llama_spec.Model(sys.argv[1], vocab_only=True)\n"
         "assert f.backend_initialized(), 'after Model()'\n"
@@ -339,13 +339,13 @@ def test_ffi_gc_only_in_the_handle_module():
 
 
 def _grammar_sampler(model: Model):
-    from llama_spec.sampling import TargetSampler
+    from llama_spec.llama.sampling import TargetSampler
 
     return TargetSampler(model, SamplerParams(temp=0.8, grammar='root ::= "yes" | "no"', seed=1))
 
 
 def test_sampler_grammar_budget_close_twice_and_use_after_close(smollm):
-    from llama_spec.sampling import ReasoningBudget, SamplerChain
+    from llama_spec.llama.sampling import ReasoningBudget, SamplerChain
 
     row = np.zeros(smollm.n_vocab, dtype=np.float32)
     ts = _grammar_sampler(smollm)

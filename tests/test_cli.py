@@ -112,7 +112,7 @@ def test_no_repack_and_load_mode_reach_the_model(smollm_path):
 def test_kv_cache_types_and_ubatch_reach_the_context(smollm_path):
     from llama_spec.cli.args import KV_CACHE_TYPE_NAMES
     from llama_spec.cli.build import build_generator
-    from llama_spec.context import KV_CACHE_TYPES
+    from llama_spec.llama.context import KV_CACHE_TYPES
 
     assert set(KV_CACHE_TYPE_NAMES) == set(KV_CACHE_TYPES)
     sizes = {}

@@ -37,8 +37,8 @@ from scipy import stats
 
 from llama_spec import DraftModelDrafter, SamplerParams, SpeculativeGenerator
 from llama_spec.drafters.ngram import NgramSimpleDrafter
-from llama_spec.grammar import GrammarState, json_schema_to_grammar
-from llama_spec.sampling import TargetSampler
+from llama_spec.llama.grammar import GrammarState, json_schema_to_grammar
+from llama_spec.llama.sampling import TargetSampler
 from llama_spec.testing import distribution as dist
 
 THRESHOLD = 5e-5     # exactness: a correct rule fails with this probability

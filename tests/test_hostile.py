@@ -60,7 +60,7 @@ def test_public_api_fuzz_never_kills_the_process():
 
 def test_known_aborts_now_raise_naming_the_argument(smollm_path):
     from llama_spec import Model, SamplerParams, SpeculativeGenerator
-    from llama_spec.context import Context
+    from llama_spec.llama.context import Context
 
     m = Model(smollm_path)
     try:

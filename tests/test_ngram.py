@@ -27,7 +27,7 @@ from llama_spec.drafters.ngram import (
     parse_spec_types,
 )
 from llama_spec.drafters.ngram_index import HistoryIndex
-from llama_spec.sampling import SamplerParams
+from llama_spec.llama.sampling import SamplerParams
 
 HOT = SamplerParams(temp=0.8)
 GREEDY = SamplerParams(temp=0.0)

@@ -22,7 +22,7 @@ import pytest
 
 from llama_spec import DraftModelDrafter, Model, SamplerParams, SpeculativeGenerator
 from llama_spec import rpc as lrpc
-from llama_spec.backends import add_rpc_server, devices
+from llama_spec.llama.devices import add_rpc_server, devices
 from llama_spec.rpc import RpcConnectionError, local_rpc_server_handles, local_rpc_servers
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -15,7 +15,7 @@ import pytest
 from llama_spec import SamplerParams
 from llama_spec._ffi import ffi, lib
 from llama_spec.drafters.mirror import MirrorSampler, mirror_params
-from llama_spec.sampling import TargetSampler, ignore_eos_params
+from llama_spec.llama.sampling import TargetSampler, ignore_eos_params
 
 PARAMS = [
     SamplerParams(seed=7),  # llama.cpp defaults: top-k 40, top-p 0.95, min-p 0.05, temp 0.8

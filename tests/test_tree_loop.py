@@ -12,11 +12,11 @@ import pytest
 from conftest import THREADS
 
 from llama_spec import SpeculativeGenerator
-from llama_spec.context import Context
 from llama_spec.drafters.draft_model import DraftModelDrafter
 from llama_spec.drafters.tree import TreeProposal
+from llama_spec.llama.context import Context
+from llama_spec.llama.sampling import SamplerParams
 from llama_spec.observe.observers import Observer, RequestWatch
-from llama_spec.sampling import SamplerParams
 
 PROMPT = "The capital of France is"
 NO_FA = {"flash_attn": "off"}

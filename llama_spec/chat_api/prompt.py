@@ -7,8 +7,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..errors import TemplateError
-from ..model import Model
-from ..sampling import ReasoningBudget
+from ..llama.model import Model
+from ..llama.sampling import ReasoningBudget
 from .template import CHATML_TEMPLATE, render_chat_template
 from .thinking import THINK_TAGS, opens_inside, thinking_tags
 

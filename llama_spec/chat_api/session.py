@@ -29,9 +29,9 @@ from ..drafters.base import Drafter
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..generation.solo import SpeculativeGenerator
-from ..model import Model
+from ..llama.model import Model
+from ..llama.sampling import ReasoningBudget, SamplerParams
 from ..models.registry import resolve_model
-from ..sampling import ReasoningBudget, SamplerParams
 from ..types import FinishReason
 from .prompt import PreparedPrompt, make_budget, prepare_prompt
 from .results import ChatCompletion, ChatCompletionChunk, ChatMessage, Choice, ChoiceDelta, ChunkChoice, Usage
@@ -222,7 +222,7 @@ def chat(
     (draft-simple), ``"mtp"`` (the target's MTP head; a path ``model`` is then loaded with
     ``load_mtp=True``) or a ready Drafter. ``sampling``: :class:`~llama_spec.SamplerParams`
     (default: llama.cpp's defaults, temp 0.8). ``reasoning_budget``: max tokens inside the think
-    block (``None``/negative: unlimited), or a ready :class:`~llama_spec.sampling.ReasoningBudget`.
+    block (``None``/negative: unlimited), or a ready :class:`~llama_spec.llama.sampling.ReasoningBudget`.
     ``stop``: strings that end the answer (not included). ``stream=True`` returns an iterator of
     :class:`ChatCompletionChunk`.
     """

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ..model import Model
+    from ..llama.model import Model
 
 __all__ = ["THINK_TAGS", "ThinkSplitter", "opens_inside", "partial_suffix", "split_thinking", "thinking_tags"]
 

@@ -10,8 +10,8 @@ from __future__ import annotations
 import argparse
 
 from ..drafters.ngram import LLAMA_SPEC_PRIORITY, NGRAM_CLI_FLAGS
+from ..llama.sampling import SamplerParams
 from ..models.registry import MODELS
-from ..sampling import SamplerParams
 
 DEFAULTS = SamplerParams()
 DEFAULT_N_MAX = 3  # draft tokens per verification, as llama.cpp's --spec-draft-n-max

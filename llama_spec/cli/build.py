@@ -17,11 +17,11 @@ from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_drafter, parse_spec_types
 from ..generation.solo import N_MAX_LIMIT, SpeculativeGenerator
-from ..grammar import json_schema_to_grammar
-from ..model import Model
+from ..llama.grammar import json_schema_to_grammar
+from ..llama.model import Model
+from ..llama.sampling import SamplerParams
 from ..models.registry import resolve_model
 from ..observe.stats import TopKStats, topk_settings
-from ..sampling import SamplerParams
 
 PLOT_INSTALL_HINT = "pip install 'llama-spec[plot]'"
 

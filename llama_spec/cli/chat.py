@@ -13,7 +13,7 @@ from typing import Any, TextIO
 from ..chat_api import ChatCompletionChunk, chat
 from ..chat_api.session import DEFAULT_MAX_TOKENS
 from ..generation.solo import GenerationResult, SpeculativeGenerator
-from ..sampling import SamplerParams
+from ..llama.sampling import SamplerParams
 from .args import add_model_args, add_sampling_args, add_spec_args
 
 

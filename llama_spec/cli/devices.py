@@ -17,7 +17,7 @@ def add_parser(sub: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """One line per device: name, description, type, backend, memory."""
-    from ..backends import add_rpc_server, devices
+    from ..llama.devices import add_rpc_server, devices
 
     for ep in (ns.rpc.split(",") if ns.rpc else []):
         add_rpc_server(ep.strip())

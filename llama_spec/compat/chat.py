@@ -28,8 +28,8 @@ from typing import Any
 
 from ..chat_api import parse_tool_calls, prepare_prompt
 from ..chat_api.template import CHATML_TEMPLATE
-from ..grammar import json_schema_to_grammar
-from ..model import Model
+from ..llama.grammar import json_schema_to_grammar
+from ..llama.model import Model
 
 __all__ = ["BUILTIN_CHAT_FORMATS", "ChatPlan", "check_chat_format", "chat_chunks", "chat_result",
            "plan_chat", "response_format_grammar"]

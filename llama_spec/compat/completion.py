@@ -26,8 +26,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..chat_api import StopHold
-from ..model import Model
-from ..sampling import SamplerParams
+from ..llama.model import Model
+from ..llama.sampling import SamplerParams
 
 __all__ = ["CompletionJob", "check_call_defaults", "derive_seed", "grammar_text", "prompt_tokens",
            "sampling_params", "speculative_entry"]

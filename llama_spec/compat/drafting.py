@@ -24,7 +24,7 @@ from ..drafters.base import Drafter, Proposal
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_SPEC_TYPES, build_ngram_drafter
-from ..model import Model
+from ..llama.model import Model
 from ..models.registry import resolve_model
 
 __all__ = ["MTP_NAMES", "CallableDrafter", "DraftPlan", "build_draft", "wants_mtp"]

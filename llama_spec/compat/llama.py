@@ -38,7 +38,7 @@ from types import TracebackType
 from typing import Any
 
 from ..generation.solo import SpeculativeGenerator
-from ..model import Model
+from ..llama.model import Model
 from ..models.registry import resolve_model
 from .chat import ChatPlan, chat_chunks, chat_result, check_chat_format, plan_chat
 from .completion import (

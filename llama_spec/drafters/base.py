@@ -27,9 +27,9 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 import numpy as np
 
 if TYPE_CHECKING:  # annotations only: the base stays importable without the compiled binding
-    from ..context import Context
-    from ..grammar import GrammarState
-    from ..sampling import SamplerParams
+    from ..llama.context import Context
+    from ..llama.grammar import GrammarState
+    from ..llama.sampling import SamplerParams
     from .draft_batch import DraftRequest
     from .tree import TreeProposal
 

@@ -34,9 +34,9 @@ from .base import Drafter, Proposal, TargetRows
 from .chain_gate import MemberGate, StepClock
 
 if TYPE_CHECKING:  # annotations only: the chain needs no compiled binding itself
-    from ..context import Context
-    from ..grammar import GrammarState
-    from ..sampling import SamplerParams
+    from ..llama.context import Context
+    from ..llama.grammar import GrammarState
+    from ..llama.sampling import SamplerParams
 
 
 @dataclass

@@ -30,8 +30,8 @@ from typing import cast
 
 import numpy as np
 
-from ..context import Context
-from ..model import Model
+from ..llama.context import Context
+from ..llama.model import Model
 from .base import Drafter, Proposal
 from .draft_model import DraftModelDrafter
 from .mirror import ProposalBuilder

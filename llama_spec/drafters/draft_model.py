@@ -12,10 +12,10 @@ from typing import Protocol
 
 import numpy as np
 
-from ..context import Context
 from ..kernels.tree_shape import build_tree
-from ..model import Model
-from ..sampling import SamplerParams
+from ..llama.context import Context
+from ..llama.model import Model
+from ..llama.sampling import SamplerParams
 from .base import Drafter, DraftGroup, Proposal, TargetRows
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng

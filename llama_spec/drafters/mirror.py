@@ -22,12 +22,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._ffi import ffi, lib
-from ..sampling import CandidateBuffers, SamplerParams, build_chain
+from ..llama.sampling import CandidateBuffers, SamplerParams, build_chain
 from .base import TOPK_WIDTH, Proposal
 
 if TYPE_CHECKING:
-    from ..grammar import GrammarState
-    from ..model import Model
+    from ..llama.grammar import GrammarState
+    from ..llama.model import Model
 
 TOP_K_MIN, TOP_K_MAX = 2, 64
 GRAMMAR_TOP = 256  # a grammar-masked draft row: the mask runs on this many largest logits first

@@ -17,9 +17,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..context import Context, MtpContext
-from ..model import Model
-from ..sampling import SamplerParams
+from ..llama.context import Context, MtpContext
+from ..llama.model import Model
+from ..llama.sampling import SamplerParams
 from .base import Drafter, Proposal, TargetRows
 from .mirror import MirrorSampler, ProposalBuilder
 

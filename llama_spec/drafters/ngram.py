@@ -52,8 +52,8 @@ from .ngram_index import (
 )
 
 if TYPE_CHECKING:  # annotations only: n-gram drafters need no compiled binding
-    from ..grammar import GrammarState
-    from ..sampling import SamplerParams
+    from ..llama.grammar import GrammarState
+    from ..llama.sampling import SamplerParams
 
 # llama.cpp's --spec-type names, in its order of preference (common_speculative_init).
 LLAMA_SPEC_PRIORITY = (

@@ -27,13 +27,13 @@ import collections
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
-from ..context import Context
 from ..drafters.base import Drafter
-from ..model import Model
+from ..llama.context import Context
+from ..llama.model import Model
+from ..llama.sampling import ReasoningBudget
 from ..observe.observers import Observer
 from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import Rule
-from ..sampling import ReasoningBudget
 from .core import Item, StepCore
 from .request import GenerationRequest, GenerationResult, TokenEvent, build_request
 

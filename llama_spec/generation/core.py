@@ -34,13 +34,13 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..context import Context
 from ..drafters.base import Drafter, DraftGroup, Proposal, TreeDrafting
 from ..drafters.draft_batch import DraftRequest
 from ..drafters.tree import TreeProposal
 from ..errors import SequenceError
 from ..kernels import token as _accept
-from ..model import Model
+from ..llama.context import Context
+from ..llama.model import Model
 from ..observe.observers import Observer
 from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
@@ -160,7 +160,7 @@ class StepCore:
         d = self.slots[slot].drafter
         shape = check_tree(tree, self.model, [d], [self.slots[slot].trees])
         if self.tree is None or tree_n_seqs(shape) > self.width:
-            raise ValueError(f"tree: {shape} needs {tree_n_seqs(shape)} sequences per slot in the target context, "
+            raise ValueError(f"tree: {shape} needs {tree_n_seqs(shape)} sequences in the target context (per slot), "
                              f"this generator has {self.width}: build it with tree=... (a shape at least as large)")
         return shape
 

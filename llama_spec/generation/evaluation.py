@@ -13,8 +13,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..context import Context
-from ..model import Model
+from ..llama.context import Context
+from ..llama.model import Model
 
 
 @dataclass

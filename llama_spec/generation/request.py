@@ -14,15 +14,15 @@ from typing import Any
 
 import numpy as np
 
-from ..context import int32_values
 from ..drafters.base import Drafter
 from ..env import env_flag
 from ..kernels import token as _accept
-from ..model import Model
+from ..llama.context import int32_values
+from ..llama.model import Model
+from ..llama.sampling import ReasoningBudget, SamplerParams, TargetSampler, ignore_eos_params
 from ..observe.observers import Observer, RequestInfo
 from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import RULE_NAMES, Rule, Verification, VerifyName
-from ..sampling import ReasoningBudget, SamplerParams, TargetSampler, ignore_eos_params
 
 __all__ = ["ENV_DRAFT_SAMPLE", "Emitter", "GenerationRequest", "GenerationResult", "GenerationStream",
            "Request", "RequestHost", "TokenEvent", "build_request", "check_n_max", "pick_rule"]

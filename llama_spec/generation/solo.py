@@ -14,14 +14,14 @@ import threading
 from collections.abc import Generator, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-from ..context import Context
 from ..drafters.base import Drafter
 from ..errors import GeneratorBusyError
-from ..model import Model
+from ..llama.context import Context
+from ..llama.model import Model
+from ..llama.sampling import ReasoningBudget, SamplerParams
 from ..observe.observers import Observer
 from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import Rule, VerifyName
-from ..sampling import ReasoningBudget, SamplerParams
 from .core import StepCore
 from .draft_length import DraftLengthController
 from .request import (

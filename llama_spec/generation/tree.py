@@ -28,9 +28,9 @@ from ..drafters.tree import TreeProposal
 from ..kernels.tree_shape import build_tree, parse_tree_shape, tree_node_count
 
 if TYPE_CHECKING:
-    from ..context import Context
     from ..drafters.base import Drafter
-    from ..model import Model
+    from ..llama.context import Context
+    from ..llama.model import Model
 
 __all__ = ["TreeProposal", "check_tree", "commit_tree", "propose_tree", "tree_n_seqs", "tree_rows"]
 

@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 if TYPE_CHECKING:
+    from ..llama.sampling import TargetSampler
     from ..rules.base import PQEntry, Verification
-    from ..sampling import TargetSampler
 
 
 @dataclass

@@ -14,7 +14,7 @@ Three parts, one module each:
   :class:`RpcConnectionError` instead of aborting the process, and every model or context on
   it is marked lost (see :mod:`llama_spec._handle`).
 
-Registering a server's devices with ggml is :func:`llama_spec.backends.add_rpc_server`.
+Registering a server's devices with ggml is :func:`llama_spec.llama.devices.add_rpc_server`.
 """
 
 from __future__ import annotations

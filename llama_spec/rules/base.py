@@ -40,7 +40,7 @@ from ..kernels.token import p_is_normalized
 
 if TYPE_CHECKING:
     from ..drafters.tree import TreeProposal
-    from ..sampling import TargetSampler
+    from ..llama.sampling import TargetSampler
 
 VerifyName = Literal["token", "block", "exact-match"]
 RULE_NAMES: tuple[str, ...] = ("token", "block", "exact-match")

@@ -35,7 +35,7 @@ from starlette.routing import Route
 from .. import chat_api
 from ..errors import RequestError
 from ..generation.solo import GenerationResult
-from ..model import Model
+from ..llama.model import Model
 from .engine import GenerationRequest, RequestHandle, ServerEngine
 from .schema import ChatRequest, CompletionRequest, parse_chat, parse_completion, parse_json
 

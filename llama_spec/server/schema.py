@@ -17,7 +17,7 @@ from typing import Any
 
 from ..errors import RequestError
 from ..kernels.tree_shape import parse_tree_shape
-from ..sampling import SamplerParams
+from ..llama.sampling import SamplerParams
 
 __all__ = ["ChatRequest", "CompletionRequest", "RequestError", "parse_chat", "parse_completion", "parse_json"]
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ffi import ffi, lib
-from ._handle import NativeHandle
+from .._ffi import ffi, lib
+from .._handle import NativeHandle
 
 __all__ = ["GrammarState", "json_schema_to_grammar"]
 

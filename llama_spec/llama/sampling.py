@@ -29,8 +29,8 @@ from typing import Any
 
 import numpy as np
 
-from ._ffi import ffi, lib
-from ._handle import NativeHandle
+from .._ffi import ffi, lib
+from .._handle import NativeHandle
 from .grammar import GrammarState
 from .model import Model
 

@@ -9,13 +9,13 @@ from typing import Any
 
 import numpy as np
 
-from . import backends as _backends
-from . import rpc as _rpc
-from ._ffi import clear_recent_errors, ensure_init, ffi, lib, recent_errors
-from ._handle import NativeHandle
-from .errors import ModelLoadError
-from .models.gguf_check import check_gguf
-from .types import SplitMode
+from .. import rpc as _rpc
+from .._ffi import clear_recent_errors, ensure_init, ffi, lib, recent_errors
+from .._handle import NativeHandle
+from ..errors import ModelLoadError
+from ..models.gguf_check import check_gguf
+from ..types import SplitMode
+from . import devices as _backends
 
 __all__ = ["LOAD_MODES", "Model"]
 
@@ -137,7 +137,7 @@ class Model(NativeHandle):
         :mod:`llama_spec.models.hub`); ``HF_HUB_OFFLINE=1`` is honoured. Other keyword arguments go
         to :class:`Model`.
         """
-        from .models.hub import download_gguf
+        from ..models.hub import download_gguf
 
         return cls(download_gguf(repo_id, filename, revision=revision, cache_dir=cache_dir), **kwargs)
 

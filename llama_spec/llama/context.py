@@ -24,12 +24,12 @@ from typing import Any
 
 import numpy as np
 
-from . import rpc as _rpc
-from ._ffi import clear_recent_errors, ffi, lib, recent_errors
-from ._handle import NativeHandle
-from .errors import ContextError, DecodeError
+from .. import rpc as _rpc
+from .._ffi import clear_recent_errors, ffi, lib, recent_errors
+from .._handle import NativeHandle
+from ..errors import ContextError, DecodeError
+from ..types import FlashAttn, OutputsSpec
 from .model import Model
-from .types import FlashAttn, OutputsSpec
 
 __all__ = ["KV_CACHE_TYPES", "Context", "MtpContext", "abort_decodes", "default_threads"]
 

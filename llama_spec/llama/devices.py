@@ -12,11 +12,11 @@ from typing import Any
 
 import numpy as np
 
-from . import rpc as _rpc
-from ._ffi import ensure_init, ffi, lib
-from ._handle import endpoints as _registry
-from .errors import RpcConnectionError
-from .types import SplitMode
+from .. import rpc as _rpc
+from .._ffi import ensure_init, ffi, lib
+from .._handle import endpoints as _registry
+from ..errors import RpcConnectionError
+from ..types import SplitMode
 
 __all__ = ["SPLIT_MODES", "Device", "Placement", "add_rpc_server", "devices", "local_offload_devices",
            "place_model", "rpc_endpoint_of"]
