@@ -333,9 +333,7 @@ def test_ffi_gc_only_in_the_handle_module():
     """Every native object is freed through NativeHandle (close / context manager / finalizer)."""
     offenders = sorted(str(p.relative_to(PKG)) for p in PKG.rglob("*.py")
                        if p.name != "_handle.py" and re.search(r"\bffi\.gc\(", p.read_text()))
-    # drafters/mirror.py belongs to the drafter rewrite of issue 23 (it should own a
-    # sampling.SamplerChain): listed until then, and the list must shrink, never grow
-    assert set(offenders) <= {"drafters/mirror.py"}, offenders
+    assert not offenders, offenders
 
 
 def _grammar_sampler(model: Model):

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .._ffi import ffi, lib
-from ..llama.sampling import CandidateBuffers, SamplerParams, build_chain
+from ..llama.sampling import CandidateBuffers, SamplerChain, SamplerParams
 from .base import TOPK_WIDTH, Proposal
 
 if TYPE_CHECKING:
@@ -67,6 +67,7 @@ class MirrorSampler:
         self._rng = np.random.default_rng(seed)
         self._knobs: tuple[float | int, ...] | None = None
         self._chain = ffi.NULL
+        self._chain_h: SamplerChain | None = None
         self._cb = CandidateBuffers(n_vocab)
         self.params: SamplerParams | None = None
         self.n_rebuilds = 0
@@ -76,8 +77,11 @@ class MirrorSampler:
         if k == self._knobs:
             return
         self.params = mirror_params(target)
-        ch, self._keep = build_chain(self.params, self.model, with_dist=False)
-        self._chain = ffi.gc(ch, lib.llama_sampler_free)
+        old = self._chain_h
+        self._chain_h = SamplerChain(self.params, self.model, with_dist=False)  # its lifetime: NativeHandle
+        self._chain = self._chain_h.ptr
+        if old is not None:
+            old.close()
         self._knobs = k
         self.n_rebuilds += 1
 
