@@ -11,7 +11,7 @@ The required core is ``draft`` (and ``accepted``, ``configure``, ``observe``, ``
 defaults). Capabilities are *declared* and checked once, when a generator is built, never probed
 per verification:
 
-* :class:`TreeDrafting` (``enable_tree`` + ``draft_tree``): the drafter drafts trees;
+* :class:`~llama_spec.drafters.tree.TreeDrafting` (``enable_tree`` + ``draft_tree``): the drafter drafts trees;
 * ``draft_group()`` returning a :class:`DraftGroup`: slot drafters of one shared draft context,
   drafted together by a batch (draft-simple through ``DraftSimpleFactory``);
 * flags: ``native_prompt_split``, ``observe_without_target_outputs`` (prompt snapshots), ``costly``
@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -30,8 +30,6 @@ if TYPE_CHECKING:  # annotations only: the base stays importable without the com
     from ..llama.context import Context
     from ..llama.grammar import GrammarState
     from ..llama.sampling import SamplerParams
-    from .draft_batch import DraftRequest
-    from .tree import TreeProposal
 
 TOPK_WIDTH = 8  # candidates remembered per draft position for the top-k statistics
 
@@ -87,17 +85,14 @@ class TargetRows(Protocol):
         ...
 
 
-@runtime_checkable
-class TreeDrafting(Protocol):
-    """Capability: the drafter drafts tree proposals (draft-simple does)."""
+@dataclass
+class DraftRequest:
+    """One slot's draft of a batched draft step: continue ``history`` by up to ``n_max`` tokens."""
 
-    def enable_tree(self, shape: tuple[int, ...]) -> None:
-        """Before any decode of a request with this shape: ValueError when it cannot branch."""
-        ...
-
-    def draft_tree(self, history: list[int], shape: tuple[int, ...], p_min: float) -> TreeProposal:
-        """A tree proposal of `shape` continuing `history`."""
-        ...
+    drafter: Drafter
+    history: list[int]
+    n_max: int
+    p_min: float
 
 
 class DraftGroup(Protocol):

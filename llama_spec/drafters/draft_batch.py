@@ -25,14 +25,13 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
-from dataclasses import dataclass
 from typing import cast
 
 import numpy as np
 
 from ..llama.context import Context
 from ..llama.model import Model
-from .base import Drafter, Proposal
+from .base import Drafter, DraftRequest, Proposal
 from .draft_model import DraftModelDrafter
 from .mirror import ProposalBuilder
 
@@ -41,16 +40,6 @@ __all__ = ["DraftSimpleFactory", "DraftRequest", "SharedDraftModel"]
 log = logging.getLogger(__name__)
 _PAD = 256  # llama.cpp rounds every sequence's context up to a multiple of 256 cells
 _JOINT_SYNC = 16  # a sync of at most this many tokens joins the slots' joint decode; longer ones prefill alone
-
-
-@dataclass
-class DraftRequest:
-    """One slot's draft of a batched draft step: continue ``history`` by up to ``n_max`` tokens."""
-
-    drafter: DraftModelDrafter
-    history: list[int]
-    n_max: int
-    p_min: float
 
 
 class SharedDraftModel:
@@ -84,7 +73,7 @@ class SharedDraftModel:
     def observe_group(self, items: Sequence[tuple[Drafter, np.ndarray, int]]) -> None:
         """observe_many; a failed decode only re-syncs the slots' drafts (drafts change speed only)."""
         try:
-            self.observe_many([(cast(DraftModelDrafter, d), t, p) for d, t, p in items])
+            self.observe_many([(self._slot(d), t, p) for d, t, p in items])
         except Exception as e:  # noqa: BLE001 - drafts change speed only: re-sync them next draft
             log.warning("draft decode of a batch failed (%s): the slots' drafts re-sync", e)
 
@@ -95,8 +84,12 @@ class SharedDraftModel:
         except Exception as e:  # noqa: BLE001
             log.warning("batched draft failed (%s): this step verifies no drafts", e)
             for r in reqs:
-                r.drafter.forget_after(0)
+                self._slot(r.drafter).forget_after(0)
             return [Proposal() for _ in reqs]
+
+    def _slot(self, d: Drafter) -> DraftModelDrafter:
+        """requires: d is one of ``slots`` (DraftRequest names it by the base type)."""
+        return cast(DraftModelDrafter, d)
 
     def observe_many(self, items: Sequence[tuple[DraftModelDrafter, np.ndarray, int]]) -> None:
         """Each (slot drafter, tokens int32 (n,), pos0) of one verification batch, in one decode:
@@ -124,7 +117,8 @@ class SharedDraftModel:
         """
         n = len(reqs)
         out: list[Proposal | Exception] = [Proposal() for _ in range(n)]
-        caps = [r.drafter.cap(r.n_max) for r in reqs]
+        ds = [self._slot(r.drafter) for r in reqs]
+        caps = [d.cap(r.n_max) for d, r in zip(ds, reqs, strict=True)]
         builds: list[ProposalBuilder | None] = [None] * n
         rows: dict[int, np.ndarray] = {}
         joint: list[int] = []      # requests whose sync is a few tokens (the usual case): decoded together
@@ -133,18 +127,18 @@ class SharedDraftModel:
             if caps[i] <= 0:
                 continue
             try:
-                builds[i] = r.drafter.new_builder(r.p_min)
+                builds[i] = ds[i].new_builder(r.p_min)
             except Exception as e:  # noqa: BLE001 - one slot's failure must not stop the others
                 out[i] = e
                 continue
-            c, todos[i] = r.drafter.sync_plan(r.history)
+            c, todos[i] = ds[i].sync_plan(r.history)
             if len(todos[i]) <= _JOINT_SYNC:
                 joint.append(i)
             else:  # a new prompt or a gap: prefill it alone (chunks of n_batch)
-                rows[i] = r.drafter.ctx.prefill(todos[i], r.drafter.seq_id, start_pos=c).copy()
-                r.drafter._kv.extend(todos[i])
+                rows[i] = ds[i].ctx.prefill(todos[i], ds[i].seq_id, start_pos=c).copy()
+                ds[i]._kv.extend(todos[i])
         if joint:
-            got = self._decode_joint([reqs[i].drafter for i in joint], [todos[i] for i in joint])
+            got = self._decode_joint([ds[i] for i in joint], [todos[i] for i in joint])
             rows.update(zip(joint, got, strict=True))
         depth = 0
         while rows:
@@ -164,7 +158,7 @@ class SharedDraftModel:
             rows = {}
             depth += 1
             if nxt:
-                rows = dict(zip(nxt, self._decode_joint([reqs[i].drafter for i in nxt], [[t] for t in toks]),
+                rows = dict(zip(nxt, self._decode_joint([ds[i] for i in nxt], [[t] for t in toks]),
                                 strict=True))
         for i, b in enumerate(builds):
             if b is not None:

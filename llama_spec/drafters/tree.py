@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol, runtime_checkable
 
 import numpy as np
 
@@ -89,6 +90,19 @@ class TreeProposal:
         self.row_q_probs.append(None)
         self._layout = None
         return i
+
+
+@runtime_checkable
+class TreeDrafting(Protocol):
+    """Capability: the drafter drafts tree proposals (draft-simple does)."""
+
+    def enable_tree(self, shape: tuple[int, ...]) -> None:
+        """Before any decode of a request with this shape: ValueError when it cannot branch."""
+        ...
+
+    def draft_tree(self, history: list[int], shape: tuple[int, ...], p_min: float) -> TreeProposal:
+        """A tree proposal of `shape` continuing `history`."""
+        ...
 
 
 class TreeBuilder:

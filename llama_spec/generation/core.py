@@ -16,7 +16,7 @@ serve``) with ``n_parallel``. Per :meth:`StepCore.step` (docs/design.md words):
    after every sequence was verified).
 
 Capabilities are declared and checked once, when the core is built: a drafter that can draft
-trees implements :class:`~llama_spec.drafters.base.TreeDrafting`; slot drafters of one shared
+trees implements :class:`~llama_spec.drafters.tree.TreeDrafting`; slot drafters of one shared
 draft context return it from ``draft_group()``. The step core never probes a drafter or proposal.
 
 Seq ids: slot i owns seq ids [i * width, (i + 1) * width), width = the paths of the largest tree
@@ -34,9 +34,8 @@ from typing import Any, cast
 
 import numpy as np
 
-from ..drafters.base import Drafter, DraftGroup, Proposal, TreeDrafting
-from ..drafters.draft_batch import DraftRequest
-from ..drafters.tree import TreeProposal
+from ..drafters.base import Drafter, DraftGroup, DraftRequest, Proposal
+from ..drafters.tree import TreeDrafting, TreeProposal
 from ..errors import SequenceError
 from ..kernels import token as _accept
 from ..llama.context import Context
@@ -471,7 +470,7 @@ class StepCore:
             assert g is not None
             by.setdefault(id(g), (g, []))[1].append((s, k))
         for g, items in by.values():
-            reqs = [DraftRequest(s.slot.drafter, s.em.history, k, s.req.p_min)  # type: ignore[arg-type]
+            reqs = [DraftRequest(cast(Drafter, s.slot.drafter), s.em.history, k, s.req.p_min)
                     for s, k in items]
             for (s, k), prop in zip(items, g.draft_group(reqs), strict=True):
                 if isinstance(prop, Exception):  # that slot's own failure (its grammar, say)

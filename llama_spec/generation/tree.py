@@ -23,8 +23,7 @@ from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
-from ..drafters.base import TreeDrafting
-from ..drafters.tree import TreeProposal
+from ..drafters.tree import TreeDrafting, TreeProposal
 from ..kernels.tree_shape import build_tree, parse_tree_shape, tree_node_count
 
 if TYPE_CHECKING:
