@@ -24,7 +24,7 @@ SCRIPTS = ROOT / "scripts"
 
 
 _THREADED = ("bench_spec.py", "bench_rules.py", "bench_native.py", "ppl_parity.py", "profile_spec.py",
-             "bench_bindings.py")
+             "bench_bindings.py", "bench_chat_turns.py")
 
 
 def _run(args: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -131,6 +131,34 @@ def test_bench_native_smoke(tmp_path):
     assert {r["temp"] for r in alls} == {0.0, 0.8}
     for r in alls:
         assert r["exact_ratio"]["median"] > 0
+
+
+def test_bench_chat_turns_smoke(tmp_path):
+    """Ours only (native llama-server takes minutes to build): 1 client and 2 sharing a system prompt."""
+    pytest.importorskip("openai")
+    pytest.importorskip("uvicorn")
+    out = tmp_path / "chat.json"
+    p = _run([sys.executable, str(SCRIPTS / "bench_chat_turns.py"), "--quick", "--skip-native", "--turns", "2",
+              "--clients", "1,2", "--system-tokens", "150", "--max-tokens", "8", "--json", str(out)], timeout=300)
+    assert "| turn | prompt tokens | TTFT |" in p.stdout and "shared prefix" in p.stdout
+    res = json.loads(out.read_text())
+    assert res["kind"] == "bench_chat_turns" and res["quick"] is True
+    _machine_ok(res["machine"])
+    assert 100 <= res["config"]["system_prompt_tokens"] <= 150
+    assert [(r["server"], r["clients"]) for r in res["runs"]] == [("ours", 1), ("ours", 2)]
+    for run in res["runs"]:
+        assert len(run["conversations"]) == run["clients"]
+        for conv in run["conversations"]:
+            assert [t["turn"] for t in conv] == [1, 2]
+            assert conv[0]["prompt_tokens"] > res["config"]["system_prompt_tokens"]
+            assert conv[1]["prompt_tokens"] > conv[0]["prompt_tokens"]  # turn 2 carries turn 1 and its answer
+            for t in conv:
+                assert 0 < t["ttft_s"] <= t["total_s"] and 1 <= t["completion_tokens"] <= 8 and t["answer"]
+    assert res["runs"][0]["conversations"][0][0]["prompt_tokens"] == res["config"]["turn1_prompt_tokens_rendered"]
+    assert res["summary"]["per_server"]["ours"]["ttft_turn1"] > 0
+    (m,) = res["multi"]
+    assert m["shared_prefix_tokens"] >= res["config"]["system_prompt_tokens"]
+    assert m["decoded_turn1"] <= m["prompt_tokens_turn1"]
 
 
 def test_ppl_parity_smoke(tmp_path):
