@@ -94,11 +94,13 @@ def test_readme_completion_example(llm, smollm_path):
     assert output == json.loads(json.dumps(output))  # plain JSON values only
 
 
-def test_readme_chat_example(llm):
-    out = llm.create_chat_completion(messages=[
-        {"role": "system", "content": "You are an assistant who perfectly describes images."},
-        {"role": "user", "content": "Describe this image in detail please."},
-    ])
+def test_readme_chat_example(smollm_path):
+    """Their README's chat example: chat_format="llama-2" (llama.cpp's built-in llama2 template here)."""
+    with Llama(model_path=str(smollm_path), chat_format="llama-2", verbose=False) as llm:
+        out = llm.create_chat_completion(messages=[
+            {"role": "system", "content": "You are an assistant who perfectly describes images."},
+            {"role": "user", "content": "Describe this image in detail please."},
+        ], max_tokens=64)  # theirs: up to the end of the context; capped to keep the suite short
     assert set(out) == COMPLETION_KEYS
     assert out["id"].startswith("chatcmpl-") and out["object"] == "chat.completion"
     (choice,) = out["choices"]
@@ -131,7 +133,14 @@ def test_streaming_completion_and_chat(llm):
     assert text == ref["choices"][0]["message"]["content"]
 
 
-def test_readme_json_schema_example(llm):
+@pytest.fixture(scope="module")
+def chatml_llm(smollm_path):
+    with Llama(model_path=str(smollm_path), chat_format="chatml", verbose=False) as m:  # their JSON examples' form
+        yield m
+
+
+def test_readme_json_schema_example(chatml_llm):
+    llm = chatml_llm
     out = llm.create_chat_completion(
         messages=[
             {"role": "system", "content": "You are a helpful assistant that outputs in JSON."},
@@ -250,6 +259,7 @@ def test_constructor_keywords_match_llama_cpp_python():
         assert (name in SUPPORTED) != (name in DEFAULT_ONLY), name
         if name in SUPPORTED:
             assert name in params and name in SUPPORTED_BY, name
+            assert callable(globals().get(SUPPORTED_BY[name])), (name, SUPPORTED_BY[name])
         else:
             assert name in NON_DEFAULT, name
     extras = params - set(LCP_INIT)
@@ -346,6 +356,27 @@ def test_ngram_type_name_as_draft_model(smollm_path):
     assert s["drafter"] == "ngram-simple" and s["verifications"] > 0
 
 
+def test_loaded_model_and_drafter_as_draft_model(smollm_path):
+    """draft_model= a loaded Model (draft-simple; the caller's Model stays open after close) or a
+    ready Drafter (the Llama owns it)."""
+    from llama_spec import Model
+    from llama_spec.drafters.ngram import build_ngram_drafter
+
+    draft = Model(str(smollm_path), repack=False)
+    try:
+        with Llama(str(smollm_path), repack=False, verbose=False, draft_model=draft) as m:
+            s = m("Once upon a time", max_tokens=12, temperature=0.8, seed=3)["speculative"]
+        assert s["drafter"] == "draft-simple" and s["rule"] == "token" and s["verifications"] > 0
+        assert draft.tokenize("still open", add_special=False)  # not closed by the Llama
+    finally:
+        draft.close()
+    d = build_ngram_drafter("ngram-simple")
+    with Llama(str(smollm_path), repack=False, verbose=False, draft_model=d) as m:
+        assert m.generator.drafter is d
+    with pytest.raises(TypeError, match="draft_model"):
+        Llama(str(smollm_path), verbose=False, draft_model=42)
+
+
 # ------------------------------------------------------------------ 3. a draft model, temperature 0.8
 SAMPLING = {"temperature": 0.8}  # with llama-cpp-python's defaults top_k 40, top_p 0.95, min_p 0.05
 THRESHOLD = 5e-5  # each distribution comparison fails with probability 5e-5 when the rule is exact
@@ -389,7 +420,9 @@ def test_draft_model_rejection_rule_distribution(qwen15_path, qwen05_path):
         assert s["verifications"] > 0 and 0 <= s["accepted"] <= s["drafted"]
         assert s["mean_accepted_length"] == pytest.approx(s["accepted"] / s["verifications"])
         assert s["tokens_per_verification"] > s["mean_accepted_length"]
+        drafted0 = spec.generator.total.drafted
         new = _joint(spec, REAL_PROMPT, range(10_000, 10_000 + N_REAL), 3)
+        assert spec.generator.total.drafted - drafted0 == sum(new.values())  # each t1 decided by the rule
     with Llama(str(qwen15_path), n_ctx=256, verbose=False) as plain:
         ref = _joint(plain, REAL_PROMPT, range(N_REAL), 2)
     assert sum(new.values()) >= 0.95 * N_REAL and sum(ref.values()) >= 0.95 * N_REAL
@@ -444,3 +477,150 @@ def test_greedy_text_equals_llama_cpp_python(model, request):
     with Llama(model_path=path, n_threads=threads, n_threads_batch=threads, verbose=False) as llm:
         ours = [llm(p, max_tokens=32, temperature=0.0)["choices"][0]["text"] for p in PARITY_PROMPTS]
     assert ours == theirs
+
+
+# Their README's examples verbatim (only the model path changed), run under either binding; prints
+# the shape of every result: dict keys, list items, leaf type names ("speculative" left out, ours only).
+README_SCRIPT = textwrap.dedent('''
+    import json, sys
+    if sys.argv[1] == "llama_cpp":
+        from llama_cpp import Llama
+    else:
+        from llama_spec import Llama
+    path = sys.argv[2]
+
+    def shape(x):
+        if isinstance(x, dict):
+            return {k: shape(v) for k, v in sorted(x.items()) if k != "speculative"}
+        if isinstance(x, list):
+            return [shape(v) for v in x]
+        return type(x).__name__
+
+    def stream_shape(chunks):
+        chunks = list(chunks)
+        middle = sorted({json.dumps(shape(c), sort_keys=True) for c in chunks[1:-1]})
+        return {"first": shape(chunks[0]), "middle": [json.loads(m) for m in middle], "last": shape(chunks[-1])}
+
+    out = {}
+    llm = Llama(model_path=path)
+    out["completion"] = shape(llm(
+        "Q: Name the planets in the solar system? A: ",  # Prompt
+        max_tokens=32,  # Generate up to 32 tokens, set to None to generate up to the end of the context window
+        stop=["Q:", "\\n"],  # Stop generating just before the model would generate a new question
+        echo=True  # Echo the prompt back in the output
+    ))
+    out["completion_stream"] = stream_shape(llm("The capital of France is", max_tokens=16, stream=True))
+    out["tokenize"] = shape(llm.tokenize(b"Hello, world!"))
+    out["detokenize"] = shape(llm.detokenize(llm.tokenize(b"Hello, world!")))
+    out["n_ctx"] = shape(llm.n_ctx())
+    llm.close()
+
+    llm = Llama(model_path=path, chat_format="llama-2")
+    out["chat"] = shape(llm.create_chat_completion(
+        messages=[
+            {"role": "system", "content": "You are an assistant who perfectly describes images."},
+            {"role": "user", "content": "Describe this image in detail please."},
+        ]
+    ))
+    out["chat_stream"] = stream_shape(llm.create_chat_completion(
+        messages=[{"role": "user", "content": "Name three colours."}], stream=True, max_tokens=24))
+    llm.close()
+
+    llm = Llama(model_path=path, chat_format="chatml")
+    json_mode = llm.create_chat_completion(
+        messages=[
+            {"role": "system", "content": "You are a helpful assistant that outputs in JSON."},
+            {"role": "user", "content": "Who won the world series in 2020"},
+        ],
+        response_format={"type": "json_object"},
+        temperature=0.7,
+    )
+    out["json_mode"] = shape(json_mode)
+    schema_mode = llm.create_chat_completion(
+        messages=[
+            {"role": "system", "content": "You are a helpful assistant that outputs in JSON."},
+            {"role": "user", "content": "Who won the world series in 2020"},
+        ],
+        response_format={
+            "type": "json_object",
+            "schema": {
+                "type": "object",
+                "properties": {"team_name": {"type": "string"}},
+                "required": ["team_name"],
+            },
+        },
+        temperature=0.7,
+    )
+    out["json_schema"] = shape(schema_mode)
+    out["json_schema_value"] = shape(json.loads(schema_mode["choices"][0]["message"]["content"]))
+    llm.close()
+    print(json.dumps(out, sort_keys=True))
+''')
+
+
+def _readme_shapes(python: str, which: str, path: str) -> dict:
+    proc = subprocess.run([python, "-c", README_SCRIPT, which, path], capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.skipif(not LCP_PYTHON.is_file(), reason=f"no llama-cpp-python 0.3.36 venv at {LCP_PYTHON.parent.parent}")
+def test_readme_examples_return_the_same_keys_and_types_as_llama_cpp_python(smollm_path):
+    """Their README's completion, chat, JSON-mode and JSON-schema examples (plus a completion and
+    a chat stream) run verbatim under both bindings; every result has the same keys and types."""
+    import sys
+
+    theirs = _readme_shapes(str(LCP_PYTHON), "llama_cpp", str(smollm_path))
+    ours = _readme_shapes(sys.executable, "llama_spec", str(smollm_path))
+    assert set(ours) == set(theirs)
+    for name in sorted(theirs):
+        assert ours[name] == theirs[name], name
+
+
+SIGNATURE_SCRIPT = textwrap.dedent('''
+    import inspect, json
+    from llama_cpp import Llama
+
+    def params(fn):
+        out = []
+        for p in inspect.signature(fn).parameters.values():
+            if p.name in ("self", "cls") or p.kind in (p.VAR_KEYWORD, p.VAR_POSITIONAL):
+                continue
+            d = p.default
+            out.append([p.name, None if d is p.empty else d if isinstance(d, (int, float, str, list, type(None))) else repr(d),
+                        d is p.empty])
+        return out
+
+    print(json.dumps({n: params(getattr(Llama, n)) for n in (
+        "__init__", "create_completion", "create_chat_completion", "tokenize", "detokenize",
+        "from_pretrained")}))
+''')
+
+
+@pytest.mark.skipif(not LCP_PYTHON.is_file(), reason=f"no llama-cpp-python 0.3.36 venv at {LCP_PYTHON.parent.parent}")
+def test_signatures_match_the_installed_llama_cpp_python():
+    """The keyword list this file checks against is llama-cpp-python 0.3.36's own (read from the
+    installed package), and every call keeps their parameter names, order and defaults."""
+    proc = subprocess.run([str(LCP_PYTHON), "-c", SIGNATURE_SCRIPT], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    theirs = json.loads(proc.stdout.strip().splitlines()[-1])
+    init = [n for n, _, _ in theirs["__init__"]]
+    assert init == [n for n in LCP_INIT if n != "rpc_servers"]  # rpc_servers: earlier 0.3.x releases
+    ours_init = inspect.signature(Llama.__init__).parameters
+    for name, default, required in theirs["__init__"]:
+        if required:
+            assert name == "model_path"
+        elif name in SUPPORTED:
+            assert ours_init[name].default == default, name
+        else:
+            assert DEFAULT_ONLY[name][0] == default, name
+    for fn in ("create_completion", "create_chat_completion", "tokenize", "detokenize"):  # __call__ forwards
+        ours = [(p.name, p.default) for p in inspect.signature(getattr(Llama, fn)).parameters.values()
+                if p.name != "self" and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        assert [n for n, _ in ours] == [n for n, _, _ in theirs[fn]], fn
+        for (name, d), (_, td, required) in zip(ours, theirs[fn], strict=True):
+            if not required:
+                assert d == td or (name == "stop" and d is None and td == []), (fn, name, d, td)
+    ours_fp = [p.name for p in inspect.signature(Llama.from_pretrained).parameters.values()
+               if p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    assert ours_fp[:len(theirs["from_pretrained"])] == [n for n, _, _ in theirs["from_pretrained"]]

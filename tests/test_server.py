@@ -32,7 +32,10 @@ THREADS = 1  # on an oversubscribed 2-core machine one thread per context is fas
 class _Server:
     """uvicorn + ServerEngine in a background thread; stop() ends both."""
 
-    def __init__(self, model, *, n_parallel: int, max_queue: int, api_key: str | None = None) -> None:
+    def __init__(self, model, *, n_parallel: int = 2, max_queue: int = 16, api_key: str | None = None,
+                 engine=None, mode: str = "draft-simple") -> None:
+        """engine: a ServerEngine not yet started (e.g. from the CLI's build_engine); None: one over a
+        BatchGenerator of `n_parallel` slots with smollm as its own draft model."""
         import uvicorn
 
         from llama_spec.drafters.draft_model import DraftModelDrafter
@@ -43,10 +46,10 @@ class _Server:
             return BatchGenerator(model, lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS),
                                   n_parallel=n_parallel, n_ctx=N_CTX, n_threads=THREADS, n_max=3)
 
-        self.engine = ServerEngine(make_batch, max_queue=max_queue)
+        self.engine = engine if engine is not None else ServerEngine(make_batch, max_queue=max_queue)
         self.engine.start()
         app = create_app(self.engine, model, ServerConfig(model_name="smollm", api_key=api_key,
-                                                          speculative_mode="draft-simple"))
+                                                          speculative_mode=mode))
         self.sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.sock.bind(("127.0.0.1", 0))
         self.port = self.sock.getsockname()[1]
@@ -382,3 +385,37 @@ def test_cli_serve_sigterm_stops_cleanly(smollm_path):
             p.wait(10)
     assert p.returncode == 0, err
     assert "llama-spec serve: stopped" in err
+
+
+def test_tree_and_block_requests_report_their_rule(smollm_path):
+    """``llama-spec serve -md DRAFT --spec-draft-tree 2,1`` (its build_engine): a request with
+    "tree": "2,1" runs the tree rule, one with "verify": "block" the block rule (a chain: the server's
+    default tree is for token-rule requests), and each response's speculative statistics name it."""
+    from llama_spec.cli import build_parser
+    from llama_spec.cli.serve import build_engine
+
+    ns = build_parser().parse_args(["serve", "-m", str(smollm_path), "-md", str(smollm_path), "--spec-draft-tree",
+                                    "2,1", "-nr", "-c", str(N_CTX), "-np", "2", "-t", str(THREADS)])
+    engine, target, closers, mode = build_engine(ns)
+    s = _Server(target, engine=engine, mode=mode)
+    try:
+        c = s.client()
+        kw = dict(model="smollm", max_tokens=24, temperature=0.8, seed=7)
+        tree = c.completions.create(prompt="Here are some facts about owls:",
+                                    extra_body={"tree": "2,1", "ignore_eos": True}, **kw)
+        block = c.chat.completions.create(messages=MSGS, extra_body={"verify": "block", "ignore_eos": True}, **kw)
+        default = c.completions.create(prompt="Here are some facts about owls:", extra_body={"ignore_eos": True}, **kw)
+        with pytest.raises(openai.BadRequestError) as e:  # a tree is verified by the tree rule only
+            c.completions.create(prompt="Hi", extra_body={"tree": "2,1", "verify": "block"}, **kw)
+        assert "tree" in e.value.message and "block" in e.value.message
+    finally:
+        s.stop()
+        for fn in closers:
+            fn()
+    for r, rule in ((tree, "tree"), (block, "block"), (default, "tree")):
+        assert r.usage.completion_tokens == 24, rule
+        spec = r.model_extra["speculative"]
+        assert spec["rule"] == rule and spec["mode"] == "draft-simple", spec
+        assert spec["drafted"] > 0 and 0 <= spec["accepted"] <= spec["drafted"] and spec["verifications"] > 0, spec
+    assert tree.choices[0].text.strip() and block.choices[0].message.content.strip()
+    assert tree.choices[0].text == default.choices[0].text  # "tree": "2,1" is the server's default tree

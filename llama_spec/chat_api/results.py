@@ -44,10 +44,12 @@ class Usage:
     completion_tokens: int
     total_tokens: int
     reasoning_tokens: int = 0
+    cached_tokens: int = 0     # prompt tokens served from the prompt cache (OpenAI's prompt_tokens_details)
 
     def to_dict(self) -> dict[str, Any]:
         return {"prompt_tokens": self.prompt_tokens, "completion_tokens": self.completion_tokens,
                 "total_tokens": self.total_tokens,
+                "prompt_tokens_details": {"cached_tokens": self.cached_tokens},
                 "completion_tokens_details": {"reasoning_tokens": self.reasoning_tokens}}
 
 

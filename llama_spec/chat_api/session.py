@@ -320,7 +320,7 @@ def _run(sess: _Session, prep: PreparedPrompt, budget: ReasoningBudget | None, *
         n_reason = _reasoning_tokens(res.tokens, end_seq, splitter.saw_block)
         n_prompt, n_out = len(res.prompt_tokens), len(res.tokens)
         final = chunk(finish_reason=_finish_reason(res.stop_reason))
-        final.usage = Usage(n_prompt, n_out, n_prompt + n_out, n_reason)
+        final.usage = Usage(n_prompt, n_out, n_prompt + n_out, n_reason, cached_tokens=res.cached_tokens)
         final.speculative = res.stats.as_dict()
         final.generation = res
         final._meta = (prep, tools_given, splitter.saw_block)

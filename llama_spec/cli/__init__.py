@@ -1,4 +1,4 @@
-"""The ``llama-spec`` command line: one module per command (generate, chat, devices, rpc-server, serve).
+"""The ``llama-spec`` command line: one module per command (generate, chat, serve, tune, devices, rpc-server).
 
 stdout carries only generated text; logs and statistics go to stderr. Flags follow llama.cpp's
 names (-m, -p, -n, -c, -t, -ngl, --temp, --top-k, ..., -md, --spec-type, --spec-draft-n-max,
@@ -14,14 +14,14 @@ import subprocess
 import sys
 
 from ..errors import LlamaSpecError
-from . import chat, devices, generate, rpc_server, serve
+from . import chat, devices, generate, rpc_server, serve, tune
 
 __all__ = ["COMMANDS", "main"]
 
 log = logging.getLogger("llama_spec.cli")
 
 #: The command modules, in --help order.
-COMMANDS = (generate, chat, serve, devices, rpc_server)
+COMMANDS = (generate, chat, serve, tune, devices, rpc_server)
 
 
 def _setup_logging(verbose: int) -> None:

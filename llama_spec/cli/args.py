@@ -108,6 +108,13 @@ def add_spec_type_args(ap: argparse.ArgumentParser) -> None:
     for flag, (kind, knob, default) in NGRAM_CLI_FLAGS.items():
         ap.add_argument(flag, type=int, default=default, dest=flag.lstrip("-").replace("-", "_"),
                         help=f"{kind}: {knob} (default {default})")
+    ap.add_argument("--spec-auto", dest="spec_auto", action=argparse.BooleanOptionalAction, default=None,
+                    help="choose per step plain decoding, the drafter (a chain's member) and the draft length by "
+                    "predicted tokens/s from measured costs and acceptance (speed only: the output distribution "
+                    "is unchanged, but seeded temp>0 runs repeat exactly only with --no-spec-auto, which is the "
+                    "fixed configuration; default: on, env LLAMA_SPEC_AUTO)")
+    ap.add_argument("--spec-cost-model", default=None, metavar="FILE",
+                    help="start --spec-auto from a cost model written by `llama-spec tune --save FILE`")
     ap.add_argument("--spec-draft-adaptive", action="store_true",
                     help="cut each proposal to the length with the most expected tokens per second, from the "
                     "measured verification cost and each drafter's kept-draft rates (speed only; not with trees)")

@@ -146,8 +146,17 @@ def build_generator(ns: argparse.Namespace) -> tuple[SpeculativeGenerator, TopKS
     gen = SpeculativeGenerator(target, drafter, n_ctx=ns.ctx_size, n_batch=ns.batch_size,
                                n_threads=ns.threads, n_max=spec_n_max(ns, types),
                                context_options=context_options(ns), tree=getattr(ns, "spec_draft_tree", None),
-                               adaptive_draft=getattr(ns, "spec_draft_adaptive", False))
+                               adaptive_draft=getattr(ns, "spec_draft_adaptive", False),
+                               **auto_args(ns))
     return gen, _topk_stats(ns, gen)
+
+
+def auto_args(ns: argparse.Namespace) -> dict[str, Any]:
+    """auto and cost_model of a generator from --spec-auto / --spec-cost-model."""
+    auto, path = getattr(ns, "spec_auto", None), getattr(ns, "spec_cost_model", None)
+    if path is not None and auto is False:
+        raise ValueError("--spec-cost-model is the --spec-auto controller's: not with --no-spec-auto")
+    return {"auto": auto, "cost_model": path}
 
 
 def _topk_stats(ns: argparse.Namespace, gen: SpeculativeGenerator) -> TopKStats | None:

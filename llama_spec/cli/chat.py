@@ -34,7 +34,7 @@ def add_parser(sub: Any) -> None:
 
 def _print_stats(res: GenerationResult, gen: SpeculativeGenerator, file: TextIO) -> None:
     st = res.stats
-    print(f"llama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens, generated={st.emitted} tokens, "
+    print(f"llama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens ({st.n_cached} cached), generated={st.emitted} tokens, "
           f"decode {st.decode_tps:.2f} t/s, prefill {st.t_prompt_s:.2f} s", file=file)
     if gen.drafter is not None:
         rule = res.verify

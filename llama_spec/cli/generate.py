@@ -55,7 +55,7 @@ def run(ns: argparse.Namespace) -> int:
     sys.stdout.write(res.text[written:] + "\n")
     st = res.stats
     rule = "none" if gen.drafter is None else res.verify
-    print(f"\nllama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens, generated={st.emitted} tokens, "
+    print(f"\nllama-spec: stop={res.stop_reason} prompt={st.n_prompt} tokens ({st.n_cached} cached), generated={st.emitted} tokens, "
           f"decode {st.decode_tps:.2f} t/s, prefill {st.t_prompt_s:.2f} s", file=sys.stderr)
     if gen.drafter is not None:
         print(f"llama-spec: rule={rule} {gen.drafter.name}: verifications={st.verifications} drafted={st.drafted} "
@@ -63,8 +63,12 @@ def run(ns: argparse.Namespace) -> int:
               f"mean_accepted_length={st.mean_accepted_length:.2f} (kept drafts per verification) "
               f"tokens_per_verification={st.tokens_per_verification:.2f} (incl. recovered/bonus) "
               f"extra_accepted={st.extra_accepted}", file=sys.stderr)
+    if gen.controller is not None and st.auto_steps:
+        print(f"llama-spec: auto chose {st.auto_summary()}", file=sys.stderr)
+        print(f"llama-spec: {gen.controller.describe()}", file=sys.stderr)
     if ns.stats_json:
+        auto = {"auto": gen.controller.summary()} if gen.controller is not None else {}
         Path(ns.stats_json).write_text(json.dumps({"rule": rule, "stop_reason": res.stop_reason,
-                                                   "tokens": res.tokens, **st.as_dict()}, indent=2))
+                                                   "tokens": res.tokens, **st.as_dict(), **auto}, indent=2))
     finish_topk(ns, topk)
     return 0

@@ -39,6 +39,9 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
     add_spec_type_args(s)
     s.add_argument("-np", "--parallel", type=int, default=4, help="slots (sequences decoded together)")
     s.add_argument("--queue-size", type=int, default=64, help="requests that may wait for a slot (then 503)")
+    s.add_argument("-cram", "--cache-ram", type=float, default=DEFAULT_CACHE_RAM, metavar="MiB",
+                   help="host-RAM prompt cache: saved conversation states, LRU, at most this many MiB "
+                        f"(0 = off; default {DEFAULT_CACHE_RAM:g}); docs/prompt-cache.md")
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--port", type=int, default=8080)
     s.add_argument("--api-key", default=None, help="require 'Authorization: Bearer KEY' (env LLAMA_API_KEY)")
@@ -50,23 +53,26 @@ def add_serve_parser(subparsers: Any) -> argparse.ArgumentParser:
 
 
 add_parser = add_serve_parser  # the cli package's command-module convention
+DEFAULT_CACHE_RAM = 1024.0  # MiB (llama-server's default is 8192; these machines have 24 GB)
 
 
 def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], None]], str]:
     """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
     from ..generation.batch import BatchGenerator, SlotFactory
     from ..server.engine import ServerEngine
-    from .build import context_options, drafter_factory, load_model, spec_n_max, spec_types
+    from .build import auto_args, context_options, drafter_factory, load_model, spec_n_max, spec_types
 
     types = spec_types(ns)
     mode = ",".join(types) or "none"
     if ns.parallel < 1:
         raise ValueError(f"--parallel must be >= 1, got {ns.parallel}")
+    if not ns.cache_ram >= 0:
+        raise ValueError(f"--cache-ram must be >= 0 MiB (0 = off), got {ns.cache_ram}")
     target = load_model(ns, load_mtp="draft-mtp" in types)
     closers: list[Callable[[], None]] = [target.close]
     factory, draft_closers = drafter_factory(ns, target, types)
     closers[:0] = draft_closers  # the draft model is freed before the target
-    n_max, ctx_opts = spec_n_max(ns, types), context_options(ns)
+    n_max, ctx_opts, auto = spec_n_max(ns, types), context_options(ns), auto_args(ns)
     tree = getattr(ns, "spec_draft_tree", None)
     if tree and isinstance(factory, SlotFactory):
         factory = factory.__call__  # a tree branches the draft KV: a draft context per slot, not a shared one
@@ -75,7 +81,8 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
         return BatchGenerator(target, factory, n_parallel=ns.parallel, n_ctx=ns.ctx_size,
                               n_batch=ns.batch_size, n_threads=ns.threads, n_max=n_max,
                               context_options=ctx_opts, tree=tree,
-                              adaptive_draft=getattr(ns, "spec_draft_adaptive", False))
+                              adaptive_draft=getattr(ns, "spec_draft_adaptive", False), cache_ram=ns.cache_ram,
+                              **auto)
 
     return ServerEngine(make_batch, max_queue=ns.queue_size), target, closers, mode
 

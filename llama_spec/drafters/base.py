@@ -15,11 +15,14 @@ per verification:
 * ``draft_group()`` returning a :class:`DraftGroup`: slot drafters of one shared draft context,
   drafted together by a batch (draft-simple through ``DraftSimpleFactory``);
 * flags: ``native_prompt_split``, ``observe_without_target_outputs`` (prompt snapshots), ``costly``
-  (a model member a chain may gate).
+  (a model member a chain may gate);
+* prompt-prefix reuse: ``begin_prefix`` (what of its state a new prompt keeps; the default keeps
+  nothing) and ``save_prefix``/``load_prefix`` (its state in the host-RAM prompt cache).
 """
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
@@ -174,6 +177,23 @@ class Drafter:
         Default: as accepted() (draft-mtp needs every kept count; draft-simple ignores it)."""
         self.accepted(n_accepted)
 
+    def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
+        """A new prompt of which the target still holds the first n_kept tokens (prompt-prefix
+        reuse); it decodes prompt[n_kept:] next, observed as usual. Keep your state of
+        prompt[:n_kept] and return how many leading tokens you can go on from (<= n_kept: the
+        target then keeps only those). Default: ``begin(prompt)`` and 0, no reuse."""
+        self.begin(prompt)
+        return 0
+
+    def save_prefix(self) -> bytes | None:
+        """Your state for the host-RAM prompt cache, as bytes (None: nothing to save, or you cannot:
+        ``begin_prefix`` then decides what is reused)."""
+        return None
+
+    def load_prefix(self, data: bytes | None) -> None:
+        """Replace your state by `data` from ``save_prefix()`` of a drafter like you (None: forget
+        it); ``begin_prefix`` follows."""
+
     def snapshot_prompt(self, n_tokens: int) -> None:
         """The target holds the first n_tokens prompt tokens: remember this point."""
 
@@ -188,9 +208,51 @@ class Drafter:
         """A chain is about to ask others first: do no work in observe() that only pays when this
         drafter drafts every time (draft-simple stops decoding each target batch and syncs lazily)."""
 
+    # -- what the speculation controller asks (generation/controller.py); defaults: one member ---------
+    def members(self) -> Sequence[Drafter]:
+        """The drafters the controller may ask one by one (a chain: its members; else this one)."""
+        return (self,)
+
+    def member_names(self) -> list[str]:
+        """Unique names of ``members()``, as ``proposer()`` reports them."""
+        return [self.name]
+
+    def draft_member(self, i: int, history: list[int], n_max: int, p_min: float) -> Proposal:
+        """``draft()`` by member i alone (a chain skips the others); this drafter: i == 0."""
+        return self.draft(history, n_max, p_min)
+
+    def truncated(self, k: int) -> None:
+        """Only the first k drafts of your last proposal are verified (0: none, the step decodes
+        without drafts): the next ``accepted(n)`` counts n <= k of them. Default: nothing."""
+
     def draft_group(self) -> DraftGroup | None:
         """The shared draft context this slot drafter drafts in with others (None: its own)."""
         return None
 
     def close(self) -> None:
         """Free the drafter's own resources (contexts)."""
+
+
+def pack_parts(parts: Sequence[bytes | None]) -> bytes:
+    """Several optional byte strings as one (a chain's members' saved states)."""
+    out = [struct.pack("<q", len(parts))]
+    for p in parts:
+        out.append(struct.pack("<q", -1 if p is None else len(p)))
+        if p is not None:
+            out.append(p)
+    return b"".join(out)
+
+
+def unpack_parts(data: bytes) -> list[bytes | None]:
+    """The inverse of :func:`pack_parts`."""
+    (n,) = struct.unpack_from("<q", data)
+    off, out = 8, list[bytes | None]()
+    for _ in range(n):
+        (k,) = struct.unpack_from("<q", data, off)
+        off += 8
+        if k < 0:
+            out.append(None)
+        else:
+            out.append(data[off: off + k])
+            off += k
+    return out

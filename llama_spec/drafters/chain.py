@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .base import Drafter, Proposal, TargetRows
+from .base import Drafter, Proposal, TargetRows, pack_parts, unpack_parts
 from .chain_gate import MemberGate, StepClock
 
 if TYPE_CHECKING:  # annotations only: the chain needs no compiled binding itself
@@ -71,6 +71,7 @@ class ChainDrafter(Drafter):
         self.gates: dict[int, MemberGate] = ({i: MemberGate() for i, d in enumerate(self.drafters) if d.costly}
                                              if gate else {})
         self._step = StepClock(clock) if clock is not None else StepClock()
+        self._n_won = 0   # drafts of the winner's proposal that are verified (truncated)
 
     # -- statistics ---------------------------------------------------------------------------
     def member_names(self) -> list[str]:
@@ -119,6 +120,25 @@ class ChainDrafter(Drafter):
         for d in self.drafters:
             d.begin(prompt)
 
+    def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
+        """What every member keeps: each is asked again with a smaller count until they agree."""
+        self.winner = None
+        self._step.stop()
+        n = n_kept
+        while True:
+            m = min(n, *(d.begin_prefix(prompt, n) for d in self.drafters))
+            if m == n:
+                return n
+            n = m
+
+    def save_prefix(self) -> bytes | None:
+        return pack_parts([d.save_prefix() for d in self.drafters])
+
+    def load_prefix(self, data: bytes | None) -> None:
+        parts = unpack_parts(data) if data is not None else [None] * len(self.drafters)
+        for d, part in zip(self.drafters, parts, strict=True):
+            d.load_prefix(part)
+
     def snapshot_prompt(self, n_tokens: int) -> None:
         for d in self.drafters:
             d.snapshot_prompt(n_tokens)
@@ -151,8 +171,39 @@ class ChainDrafter(Drafter):
                 c = self.counters[i]
                 c.verifications += 1
                 c.drafted += min(len(prop), n_max)
+                self._n_won = min(len(prop), n_max)
                 return prop
         return Proposal()
+
+    def draft_member(self, i: int, history: list[int], n_max: int, p_min: float) -> Proposal:
+        """Member i's proposal alone (the speculation controller chooses the member; no gate)."""
+        self.winner = None
+        self._step.start()
+        prop = self.drafters[i].draft(history, n_max, p_min)
+        if len(prop) > 0:
+            self.winner = i
+            c = self.counters[i]
+            c.verifications += 1
+            c.drafted += min(len(prop), n_max)
+            self._n_won = min(len(prop), n_max)
+        return prop
+
+    def truncated(self, k: int) -> None:
+        """The winner's proposal cut to k drafts (0: not verified at all; no winner then)."""
+        w = self.winner
+        if w is None:
+            return
+        n = self._n_won
+        c = self.counters[w]
+        c.drafted -= max(0, n - k)
+        self._n_won = min(n, k)
+        self.drafters[w].truncated(k)
+        if k == 0:
+            c.verifications -= 1
+            self.winner = None
+
+    def members(self) -> Sequence[Drafter]:
+        return tuple(self.drafters)
 
     def accepted(self, n_accepted: int) -> None:
         w, self.winner = self.winner, None

@@ -8,6 +8,7 @@ so q is known (docs/design.md invariant 8).
 
 from __future__ import annotations
 
+import struct
 from typing import Protocol
 
 import numpy as np
@@ -94,6 +95,28 @@ class DraftModelDrafter(Drafter):
     def begin(self, prompt: list[int]) -> None:
         # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
         pass
+
+    def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
+        """Keep the cells of the common prefix of the KV and prompt[:n_kept]; whatever is missing
+        up to n_kept is decoded by the lazy sync before the first draft, so all n_kept are kept."""
+        c = _common(self._kv, prompt, n_kept)
+        self.ctx.rollback(self.seq_id, c)
+        del self._kv[c:]
+        return n_kept
+
+    def save_prefix(self) -> bytes | None:
+        """The KV's tokens (int64 count, int32 ids) and its sequence state."""
+        toks = np.asarray(self._kv, dtype=np.int32)
+        return struct.pack("<q", len(toks)) + toks.tobytes() + self.ctx.save_seq_state(self.seq_id)
+
+    def load_prefix(self, data: bytes | None) -> None:
+        self.ctx.seq_rm(self.seq_id, -1, -1)
+        self._kv = []
+        if data is None:
+            return
+        (n,) = struct.unpack_from("<q", data)
+        self.ctx.load_seq_state(data[8 + 4 * n:], self.seq_id)
+        self._kv = np.frombuffer(data, dtype=np.int32, count=n, offset=8).tolist()
 
     def sync_plan(self, history: list[int]) -> tuple[int, list[int]]:
         """Drop the cells past the longest prefix the KV shares with history[:-1]; return (c, todo):
@@ -185,3 +208,11 @@ class DraftModelDrafter(Drafter):
             self.ctx.close()
         elif self.shared is not None:  # the first slot to close frees the shared context
             self.shared.close()
+
+
+def _common(kv: list[int], prompt: list[int], n: int) -> int:
+    """Length of the common prefix of kv and prompt[:n]."""
+    m = min(len(kv), n, len(prompt))
+    a, b = np.asarray(kv[:m], dtype=np.int64), np.asarray(prompt[:m], dtype=np.int64)
+    diff = np.flatnonzero(a != b)
+    return int(diff[0]) if len(diff) else m

@@ -15,6 +15,8 @@ sampler, so q is known.
 
 from __future__ import annotations
 
+import struct
+
 import numpy as np
 
 from ..llama.context import Context, MtpContext
@@ -47,6 +49,10 @@ class MtpDrafter(Drafter):
         self._pos0 = 0
         self._pairs = np.zeros((n_batch, self.n_embd), dtype=np.float32)
         self._step_h = np.zeros((1, self.n_embd), dtype=np.float32)
+        # what the MTP cells hold, for prompt-prefix reuse: the token at each position and the target's
+        # nextn row there (the next position's pair); rows (capacity, n_embd), the first len(_toks) valid
+        self._toks: list[int] = []
+        self._h = np.zeros((0, self.n_embd), dtype=np.float32)
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:
@@ -61,6 +67,48 @@ class MtpDrafter(Drafter):
     def begin(self, prompt: list[int]) -> None:
         self.ctx.clear()
         self.pending_h[:] = 0.0
+        self._toks = []
+
+    def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
+        """Keep the MTP cells of the common prefix of theirs and prompt[:n_kept]; the next batch pairs
+        with the target's row of the last kept position."""
+        m = min(len(self._toks), n_kept, len(prompt))
+        a, b = np.asarray(self._toks[:m], dtype=np.int64), np.asarray(prompt[:m], dtype=np.int64)
+        diff = np.flatnonzero(a != b)
+        m = int(diff[0]) if len(diff) else m
+        self.ctx.rollback(0, m)
+        del self._toks[m:]
+        self.pending_h[:] = self._h[m - 1] if m > 0 else 0.0
+        return m
+
+    def save_prefix(self) -> bytes | None:
+        """The cells' tokens (int64 count, int32 ids), their target rows (float32) and the MTP state."""
+        n = len(self._toks)
+        return (struct.pack("<q", n) + np.asarray(self._toks, dtype=np.int32).tobytes()
+                + np.ascontiguousarray(self._h[:n]).tobytes() + self.ctx.save_seq_state(0))
+
+    def load_prefix(self, data: bytes | None) -> None:
+        self.begin([])
+        if data is None:
+            return
+        (n,) = struct.unpack_from("<q", data)
+        off = 8 + 4 * n
+        rows = np.frombuffer(data, dtype=np.float32, count=n * self.n_embd, offset=off).reshape(n, self.n_embd)
+        self.ctx.load_seq_state(data[off + rows.nbytes:], 0)
+        self._toks = np.frombuffer(data, dtype=np.int32, count=n, offset=8).tolist()
+        self._h = rows.copy()
+
+    def _record(self, tokens: np.ndarray, pos0: int, h: np.ndarray) -> None:
+        """The cells from pos0 on now hold `tokens`, with target rows h (n, n_embd)."""
+        end = pos0 + len(tokens)
+        if len(self._h) < end:
+            grown = np.zeros((max(end, 2 * len(self._h), 64), self.n_embd), dtype=np.float32)
+            grown[: len(self._h)] = self._h
+            self._h = grown
+        self._h[pos0:end] = h
+        del self._toks[pos0:]
+        if len(self._toks) == pos0:
+            self._toks.extend(int(t) for t in tokens)
 
     def snapshot_prompt(self, n_tokens: int) -> None:
         # The row a re-decoded token at position n_tokens pairs with: the target's h at n_tokens - 1
@@ -75,6 +123,7 @@ class MtpDrafter(Drafter):
 
     def restore_prompt(self, n_tokens: int) -> None:
         self.ctx.rollback(0, n_tokens)
+        del self._toks[n_tokens:]
         self.pending_h[:] = self._prompt_h
 
     def observe(self, tokens: np.ndarray, pos0: int, target: TargetRows) -> None:
@@ -87,6 +136,7 @@ class MtpDrafter(Drafter):
             pairs[1:] = h[: n - 1]
         self.ctx.rollback(0, pos0)
         self.ctx.decode(tokens, np.arange(pos0, pos0 + n, dtype=np.int32), 0, np.zeros(n, dtype=bool), embd=pairs)
+        self._record(tokens, pos0, h)
         # Rows of this batch, for choosing pending_h once we know how many drafts were kept.
         self._verify_h = h.copy()
         self._pos0 = pos0
@@ -98,6 +148,7 @@ class MtpDrafter(Drafter):
             self.pending_h[:] = self._verify_h[i]
         # MTP cells beyond the kept prefix belong to rejected drafts.
         self.ctx.rollback(0, self._pos0 + n_accepted + 1)
+        del self._toks[self._pos0 + n_accepted + 1:]
 
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
         build = ProposalBuilder(self.mirror, sample=self.sample_drafts, collect_topk=self.collect_topk, p_min=p_min,

@@ -102,6 +102,12 @@ class _NgramDrafter(Drafter):
         super().configure(params, seed, sample=sample, collect_topk=collect_topk)
         self._rng = np.random.Generator(np.random.PCG64((int(seed) & 0xFFFFFFFF) ^ _RNG_SALT))
 
+    def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
+        """Token ids are all an n-gram drafter knows: learn the prompt as ``begin`` does, keep every
+        cell the target kept."""
+        self.begin(prompt)
+        return n_kept
+
     def _sampling(self) -> bool:
         """True when draft tokens are drawn from the empirical q (the target samples)."""
         p = self.params
@@ -250,6 +256,7 @@ class NgramMapDrafter(_NgramDrafter):
         self._reg_last = 0           # registered up to this start (llama.cpp's key_map_last_idx)
         self._size_begin = size_begin
         self._last_key: tuple[int, ...] | None = None
+        self._cut: int | None = None   # the controller's cut of the last draft (truncated)
 
     def begin(self, prompt: list[int]) -> None:
         self.index.sync(prompt, full=True)
@@ -313,9 +320,15 @@ class NgramMapDrafter(_NgramDrafter):
         return self._walk_history(toks, starts, n, k, p_min, choose)
 
     def accepted(self, n_accepted: int) -> None:
-        if self._last_key is not None:
-            self._n_kept[self._last_key] = int(n_accepted)
-        self._last_key = None
+        if self._last_key is not None and not (self._cut is not None and n_accepted >= self._cut):
+            self._n_kept[self._last_key] = int(n_accepted)   # (a cut draft kept whole says nothing past the cut)
+        self._last_key, self._cut = None, None
+
+    def truncated(self, k: int) -> None:
+        """The controller verifies k of the drafts: 0 leaves the key's length as it was."""
+        if k == 0:
+            self._last_key = None
+        self._cut = k
 
     def other_accepted(self, n_accepted: int) -> None:
         self._last_key = None
@@ -431,6 +444,10 @@ class NgramModDrafter(_NgramDrafter):
                 g.accept(tok)
             ctx.append(tok)
         return parts.finish(grammar_masked=g is not None)
+
+    def truncated(self, k: int) -> None:
+        """The controller verifies k of the drafts: the low-acceptance count sees only those."""
+        self._n_draft_last = min(self._n_draft_last, int(k))
 
     def accepted(self, n_accepted: int) -> None:
         if self._n_draft_last <= 0:

@@ -34,6 +34,7 @@ from ..llama.sampling import ReasoningBudget
 from ..observe.observers import Observer
 from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import Rule
+from .controller import CostModelSource, SpecController, make_controller
 from .core import Item, StepCore
 from .request import GenerationRequest, GenerationResult, TokenEvent, build_request
 
@@ -57,15 +58,19 @@ class BatchGenerator:
     ``drafter_factory()`` is called once per slot (None: plain generation). ``n_ctx`` is per
     sequence. ``observers`` watch every request; ``add`` takes per-request observers too.
     ``context_options``: more Context keywords for the target (n_ubatch, flash_attn, type_k, type_v).
-    tree: the default tree shape, and the largest a request may ask for; adaptive_draft: as
-    SpeculativeGenerator's.
+    tree: the default tree shape, and the largest a request may ask for; adaptive_draft, auto,
+    cost_model: as SpeculativeGenerator's (the controller prices a step of B sequences).
+    Prompt reuse: a request goes to the free slot whose cells share the longest prefix with its
+    prompt and keeps those cells (or copies them from another slot, or from the host-RAM cache of
+    ``cache_ram`` MiB, 0 = off): docs/prompt-cache.md.
     """
 
     def __init__(self, target: Model, drafter_factory: Callable[[], Drafter] | None = None, *,
                  n_parallel: int = 4, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  n_max: int = 3, observers: Iterable[Observer] = (),
                  context_options: Mapping[str, Any] | None = None, tree: str | Sequence[int] | None = None,
-                 adaptive_draft: bool = False) -> None:
+                 adaptive_draft: bool = False, auto: bool | None = None,
+                 cost_model: CostModelSource = None, cache_ram: float = 0) -> None:
         if not 1 <= int(n_parallel) <= 256:
             raise ValueError(f"n_parallel must be in [1, 256], got {n_parallel}")
         if not 1 <= int(n_max) <= N_MAX_LIMIT:
@@ -82,7 +87,9 @@ class BatchGenerator:
             self.core = StepCore(target, self.drafters, n_ctx=self.n_parallel * self.n_ctx_per_seq,
                                  n_ctx_per_seq=self.n_ctx_per_seq, n_batch=self.n_batch, n_threads=n_threads,
                                  n_max=n_max, tree=tree, adaptive_draft=adaptive_draft, observers=observers,
-                                 context_options=context_options)
+                                 context_options=context_options,
+                                 auto=make_controller(auto, cost_model) if drafter_factory is not None else None,
+                                 cache_ram=cache_ram)
         except BaseException:
             for d in self.drafters:
                 if d is not None:
@@ -109,6 +116,11 @@ class BatchGenerator:
     def rules(self) -> dict[str, Rule]:
         return self.core.rules
 
+    @property
+    def controller(self) -> SpecController | None:
+        """The speculation controller (None: auto off, or plain generation)."""
+        return self.core.auto
+
     def close(self) -> None:
         """Free every context (the target's and the drafters')."""
         self.core.close()
@@ -117,6 +129,14 @@ class BatchGenerator:
     # -- requests ---------------------------------------------------------------------------
     def free_slots(self) -> int:
         return self.n_parallel - self.core.n_active()
+
+    def cache_info(self) -> dict[str, Any]:
+        """The host-RAM prompt cache: limit/size in bytes (its own count), entries, hits, misses, evictions."""
+        c = self.core.prompt_cache
+        if c is None:
+            return {"limit_bytes": 0, "size_bytes": 0, "entries": 0, "hits": 0, "misses": 0, "evictions": 0}
+        return {"limit_bytes": c.limit, "size_bytes": c.size, "entries": len(c), "hits": c.hits,
+                "misses": c.misses, "evictions": c.evictions}
 
     def has_work(self) -> bool:
         return self.core.has_work()
@@ -132,16 +152,19 @@ class BatchGenerator:
         RuntimeError when no slot is free. It starts (prefill) in the next ``step``. observers,
         p_min and reasoning_budget add to (or override) the request's own fields.
         """
-        slot = self.core.free_slot()
+        prompt = request.prompt
+        if isinstance(prompt, str):   # tokenized once: the slot is chosen by its prefix
+            prompt = self.model.tokenize(prompt)
+        slot = self.core.free_slot(prompt if isinstance(prompt, list) and request.cache_prompt else None)
         if slot is None:
             raise RuntimeError(f"no free slot (all {self.n_parallel} are generating)")
         verify = "token" if request.verify is None else request.verify  # a name is checked by build_request
-        req = build_request(self.core.host(slot), request.prompt, request.sampling, request.n_predict, request.seed,
+        req = build_request(self.core.host(slot), prompt, request.sampling, request.n_predict, request.seed,
                             request.spec_draft_sample, verify, request.n_max,  # type: ignore[arg-type]
                             request.p_min if p_min is None else p_min, tuple(request.stop),
                             reasoning_budget or request.reasoning_budget, request.ignore_eos,
-                            (*request.observers, *observers))
-        req.tree = self.core.request_tree(request.tree, slot)
+                            (*request.observers, *observers), request.cache_prompt)
+        req.tree = self.core.request_tree(request.tree, slot, req.rule, req.switch)
         return self.core.add(req, slot)
 
     def cancel(self, request_id: int) -> None:

@@ -44,7 +44,10 @@ from ..observe.observers import Observer
 from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
 from ..rules.tree import TreeRule
+from .controller import SpecController, band_of, keep, run_plan
 from .draft_length import DraftLengthController
+from .prefix import PrefixReuse, SlotCells
+from .prompt_cache import PromptCache, common_prefix
 from .request import Emitter, GenerationResult, Request, RequestHost, TokenEvent, check_n_max
 from .tree import check_tree, commit_tree, propose_tree, tree_n_seqs, tree_rows
 
@@ -73,7 +76,8 @@ class _Slot:
     drafter: Drafter | None
     group: DraftGroup | None                 # the shared draft context its drafter drafts in
     trees: bool                              # its drafter drafts trees (TreeDrafting)
-    cached_prompt: np.ndarray | None = None  # prompt[:-1] of the last fresh prefill
+    # the tokens its committed cells hold while it is idle (int32 (n,)): its prompt cache
+    tokens: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int32))
     cached_full: tuple[np.ndarray, np.ndarray] | None = None  # (prompt, its last logits (1, n_vocab))
     prop_key: object = None                  # which drafter (a chain's member) made the proposal
     last_full: bool = False                  # its last verification kept every draft
@@ -106,8 +110,11 @@ class StepCore:
     def __init__(self, target: Model, drafters: Sequence[Drafter | None], *, n_ctx: int, n_ctx_per_seq: int | None,
                  n_batch: int, n_threads: int | None, n_max: int, tree: str | Sequence[int] | None = None,
                  adaptive_draft: bool = False, observers: Iterable[Observer] = (),
-                 context_options: Mapping[str, Any] | None = None, isolate_failures: bool = True) -> None:
+                 context_options: Mapping[str, Any] | None = None, isolate_failures: bool = True,
+                 auto: SpecController | None = None, cache_ram: float = 0) -> None:
         check_n_max(n_max)
+        if not cache_ram >= 0:
+            raise ValueError(f"cache_ram must be >= 0 MiB (0 = off), got {cache_ram}")
         self.model, self.n_max, self.isolate_failures = target, int(n_max), isolate_failures
         for d in drafters:
             if d is not None and d.vocab_size and d.vocab_size != target.n_vocab:
@@ -134,11 +141,23 @@ class StepCore:
         for d in drafters:
             if d is not None:
                 d.prepare_target(self.ctx)
+        # prompt reuse (prefix.py): every slot's own cells; with cache_ram MiB > 0 a host-RAM cache too
+        self.prompt_cache = PromptCache(int(cache_ram * 2**20)) if cache_ram > 0 else None
+        self.prefix = PrefixReuse(self.ctx, self.slots, self.width, self.recurrent, self.prompt_cache,
+                                  self._cells_of)
         self.scratch = _accept.new_scratch(target.n_vocab)  # shared: sequences are verified one at a time
         self.rules: dict[str, Rule] = make_rules()
         self.tree_rule = TreeRule()
         self.observers: list[Observer] = list(observers)
-        self.draft_length = DraftLengthController() if adaptive_draft else None
+        # auto: the speculation controller (controller.py) decides plain / drafter / length per step;
+        # it subsumes the adaptive draft length. Its drafters sync lazily (they sit out plain steps).
+        self.auto = auto if any(d is not None for d in drafters) else None
+        if self.auto is not None:
+            for i, d in enumerate(drafters):
+                if d is not None:
+                    d.sit_out_observes()
+                    self.auto.attach(i, d.member_names(), [m.costly for m in d.members()])
+        self.draft_length = DraftLengthController() if adaptive_draft and self.auto is None else None
         self.total = SpecStats()
         self._free = list(range(n_slots))
         self._seqs: dict[int, _Seq] = {}        # by request id, in order of arrival
@@ -152,10 +171,19 @@ class StepCore:
         return RequestHost(self.model, self.slots[slot].drafter, self.rules, self.scratch, tuple(self.observers),
                            self.n_max, self.n_ctx_per_seq, self.ctx.n_rs_seq if self.recurrent else None)
 
-    def request_tree(self, tree: str | Sequence[int] | None, slot: int) -> tuple[int, ...] | None:
-        """A request's tree shape (None: the core's); ValueError when the context cannot hold it."""
+    def request_tree(self, tree: str | Sequence[int] | None, slot: int, rule: Rule | None = None,
+                     switch: bool = True) -> tuple[int, ...] | None:
+        """A request's tree shape (None: the core's default); ValueError when the context cannot hold it.
+
+        The tree rule generalizes the token rule only: a request verified by another rule (block,
+        exact-match, a Rule object; `rule` with the switch on) runs as a chain under it, without
+        the default tree, and asking for a tree with it is a ValueError (never silently ignored)."""
+        chain_rule = rule if rule is not None and switch and rule is not self.rules["token"] else None
         if tree is None:
-            return self.tree
+            return None if chain_rule is not None else self.tree
+        if chain_rule is not None:
+            raise ValueError(f"tree: a tree is verified by the tree rule (the token rule's generalization), "
+                             f"not by the {chain_rule.name!r} rule: ask for verify='token' with a tree, or no tree")
         d = self.slots[slot].drafter
         shape = check_tree(tree, self.model, [d], [self.slots[slot].trees])
         if self.tree is None or tree_n_seqs(shape) > self.width:
@@ -163,8 +191,15 @@ class StepCore:
                              f"this generator has {self.width}: build it with tree=... (a shape at least as large)")
         return shape
 
-    def free_slot(self) -> int | None:
-        return self._free[0] if self._free else None
+    def free_slot(self, prompt: Sequence[int] | None = None) -> int | None:
+        """A free slot (None: all busy); for `prompt`, the one whose cells share its longest prefix
+        (llama-server's slot prompt similarity), else the one with the fewest cells to lose."""
+        if not self._free:
+            return None
+        if prompt is None:
+            return self._free[0]
+        toks = np.asarray(prompt, dtype=np.int32)
+        return max(self._free, key=lambda i: (common_prefix(self.slots[i].tokens, toks), -len(self.slots[i].tokens), -i))
 
     def add(self, req: Request, slot: int) -> int:
         """Run `req` (built with ``host(slot)``) in `slot`, which must be free; returns its id."""
@@ -185,11 +220,14 @@ class StepCore:
         self._pending = [p for p in self._pending if p[0] is not s]
         if not keep_cells:
             self._forget(s.slot)
+        elif s.started:
+            self._settle(s)
         self._free.append(s.slot.index)
         self._free.sort()
 
     def _forget(self, slot: _Slot) -> None:
-        slot.cached_prompt = slot.cached_full = None
+        slot.cached_full = None
+        slot.tokens = slot.tokens[:0]
         for sid in range(slot.base, slot.base + self.width):
             self.ctx.seq_rm(sid, -1, -1)
 
@@ -277,7 +315,7 @@ class StepCore:
         # Greedy only for now: a seeded temp>0 run diverged at its first token in this mode (issue 15 report).
         native = (slot.drafter is not None and slot.drafter.native_prompt_split and self.model.repack
                   and not req.tree and len(req.prompt) > 1 and req.sampler.params.greedy)
-        logits = self._prefill(slot, req.prompt, head_only=native)
+        logits = self._prefill(slot, req, head_only=native)
         s.t1 = time.perf_counter()
         req.stats.t_prompt_s = s.t1 - t0
         s.started, s.pos0 = True, len(req.prompt) - 1
@@ -292,53 +330,73 @@ class StepCore:
         rule.verify(req.v)
         self._after_verify(s, out)
 
-    def _prefill(self, slot: _Slot, prompt: list[int], head_only: bool = False) -> np.ndarray | None:
+    def _prefill(self, slot: _Slot, req: Request, head_only: bool = False) -> np.ndarray | None:
         """Decode the prompt as llama-completion does: all of it, last token included, in chunks of
         n_batch with the last token's logits; returns those logits, (1, n_vocab). head_only: as
         llama-speculative-simple, prompt[:-1] only (returns None; the caller decodes the last token).
 
-        Prompt cache (per slot): a prompt equal to the slot's last freshly prefilled one keeps its KV
-        cells and reuses the saved logits of that prefill, so nothing is decoded and the result is
-        bit-identical (without a drafter, or with one whose observe() reads no target outputs).
-        Otherwise a prompt longer than n_batch that equals the last one up to its last token
-        re-decodes only that token, on its own; its logits may then differ from a fresh prefill's in
-        the last bits (batched and single-token kernels round differently, flash attention too, even
-        without repacking). Any other prompt is prefilled afresh.
+        Prompt reuse (``req.cache_prompt``, prefix.py): the cells of the longest common prefix with
+        the slot's own cells, another slot's or a RAM-cache entry are kept and only the rest is
+        decoded (chunks of n_batch from there); ``req.stats.n_cached`` counts the kept tokens. A
+        prompt equal to the slot's last freshly prefilled one reuses the saved logits of that
+        prefill too, so nothing is decoded and the result is bit-identical (without a drafter, or
+        with one whose observe() reads no target outputs).
         """
+        prompt = req.prompt
         toks = np.asarray(prompt, dtype=np.int32)
         n_head, seq, drafter, ctx = len(toks) - 1, slot.base, slot.drafter, self.ctx
         full = slot.cached_full
-        if (not head_only and full is not None and np.array_equal(full[0], toks)
+        if (req.cache_prompt and not head_only and full is not None and np.array_equal(full[0], toks)
+                and common_prefix(slot.tokens, toks) == len(toks)
                 and (drafter is None or drafter.observe_without_target_outputs)
                 and ctx.seq_rm(seq, len(toks), -1) and ctx.pos_max(seq) == n_head):
             if drafter is not None:  # what the drafter sees on the other cache path, minus the decode
                 drafter.restore_prompt(n_head)
                 drafter.observe(toks[-1:], n_head, SeqRows(ctx, 0, 1))
+            slot.tokens = toks.copy()
+            req.stats.n_cached = len(toks)
             return full[1].copy()
         slot.cached_full = None
-        # Recurrent state can only be rolled back n_rs_seq positions: beyond that, prefill again.
-        if (len(toks) > ctx.n_batch and slot.cached_prompt is not None
-                and np.array_equal(slot.cached_prompt, toks[:-1]) and ctx.seq_rm(seq, n_head, -1)):
-            if drafter is not None:
-                drafter.restore_prompt(n_head)
-            return None if head_only else self._decode_alone(slot, toks[-1:], n_head)
-        slot.cached_prompt = None
-        if len(self.slots) * self.width == 1:
-            ctx.clear()
-        else:
-            self._forget(slot)
+        n_kept = self.prefix.keep(slot, toks, req.cache_prompt)
         if drafter is not None:
-            drafter.begin(prompt)
-        todo = toks[:-1] if head_only else toks
+            m = drafter.begin_prefix(prompt, n_kept)
+            if m < n_kept:
+                n_kept = self.prefix.cut_to(slot, m)
+                if n_kept < m:
+                    drafter.begin_prefix(prompt, n_kept)
+        req.stats.n_cached = n_kept
+        end = n_head if head_only else len(toks)
         logits = None
-        for off in range(0, len(todo), ctx.n_batch):
-            logits = self._decode_alone(slot, todo[off: off + ctx.n_batch], off)
+        for off in range(n_kept, end, ctx.n_batch):
+            logits = self._decode_alone(slot, toks[off: min(off + ctx.n_batch, end)], off)
         if drafter is not None:
             drafter.snapshot_prompt(n_head)
-        slot.cached_prompt = toks[:-1].copy()
+        slot.tokens = toks[:end].copy()
         if logits is not None and not head_only:
             slot.cached_full = (toks.copy(), np.array(logits, dtype=np.float32, copy=True))
+        if self.recurrent and n_kept < end:
+            self.prefix.stash(slot)  # a checkpoint: a recurrent state cannot be cut back to here later
         return logits
+
+    def _cells_of(self, slot: SlotCells) -> np.ndarray:
+        """The tokens a slot's committed cells hold now (prefix.py's cells)."""
+        for s in self._seqs.values():
+            if s.slot is slot and s.started:
+                n = min(self.ctx.pos_max(slot.base) + 1, len(s.em.history))
+                return np.asarray(s.em.history[:n], dtype=np.int32)
+        return slot.tokens
+
+    def _settle(self, s: _Seq) -> None:
+        """A sequence leaves its slot with its cells: they hold history[:-1] at most (its last token
+        was never decoded); the slot's tokens say which."""
+        slot, ctx = s.slot, self.ctx
+        n = min(ctx.pos_max(slot.base) + 1, len(s.em.history) - 1)
+        for sid in range(slot.base + 1, slot.base + self.width):
+            ctx.seq_rm(sid, -1, -1)
+        if n <= 0 or not ctx.seq_rm(slot.base, n, -1):
+            self._forget(slot)
+            return
+        slot.tokens = np.asarray(s.em.history[:n], dtype=np.int32)
 
     def _decode_alone(self, slot: _Slot, tokens: np.ndarray, pos0: int) -> np.ndarray:
         """A prompt chunk of one sequence, last row out; its drafter observes it."""
@@ -354,6 +412,8 @@ class StepCore:
         logits = self._decode_group(group)
         if self.draft_length is not None:   # a verification batch: its cost
             self.draft_length.record_decode(sum(len(s.batch) for s in group), time.perf_counter() - t0)
+        if self.auto is not None:
+            self.auto.decoded(sum(len(s.batch) for s in group), len(group), time.perf_counter() - t0)
         self._observe_groups(group)
         row0 = 0
         for s in group:
@@ -396,6 +456,7 @@ class StepCore:
         """One sequence's verification on its rows (logits: (rows, n_vocab) view)."""
         req, v, slot = s.req, s.req.v, s.slot
         drafter = slot.drafter
+        t0 = time.perf_counter()
         if s.tree is not None:
             v.begin(s.pos0, s.batch, logits, s.tree, self.tree_rule.name, len(s.em.tokens), False, tree=s.tree)
             n_acc = self.tree_rule.verify(v)
@@ -413,6 +474,10 @@ class StepCore:
                 slot.last_full = len(s.prop) > 0 and n_acc == len(s.prop)
         if drafter is not None:
             drafter.accepted(n_acc)
+        if self.auto is not None and s.tree is None:   # its post cost, survival, what was chosen
+            c = self.auto.verified(slot.index, n_acc, len(s.batch), time.perf_counter() - t0)
+            if c is not None:
+                req.stats.count_auto(c.name, c.k, c.explored)
         self._after_verify(s, out)
 
     def _after_verify(self, s: _Seq, out: list[Item]) -> None:
@@ -444,12 +509,29 @@ class StepCore:
             return
         if slot.drafter is None or k_cap <= 0:
             s.prop = Proposal()
+        elif self.auto is not None:
+            s.prop = self._auto_proposal(s, slot.drafter, k_cap)
         elif slot.group is not None:
             s.prop = Proposal()
             self._pending.append((s, k_cap))  # drafted with the other slots of its group (_draft_pending)
         else:
             s.prop = self._cut(slot, slot.drafter.draft(em.history, k_cap, req.p_min), k_cap)
         s.batch = np.asarray([last, *s.prop.tokens], dtype=np.int32)
+
+    def _auto_proposal(self, s: _Seq, drafter: Drafter, k_cap: int) -> Proposal:
+        """The controller's choice for this step: drafted now, queued for its group, or none (plain)."""
+        req, auto = s.req, cast(SpecController, self.auto)
+        p = req.sampler.params
+        plan = auto.plan(s.slot.index, k_cap, band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
+                         len(self._seqs), len(s.em.history))
+        if s.slot.group is None:
+            return run_plan(plan, drafter, s.em.history, req.p_min)
+        ask = plan.next_ask()   # a group member drafts with its group, up to the chosen cap
+        if ask is None:
+            plan.finish(0)
+        else:
+            self._pending.append((s, ask[1]))
+        return Proposal()
 
     def _cut(self, slot: _Slot, prop: Proposal, k_cap: int) -> Proposal:
         """The proposal cut to k_cap tokens (adaptive draft length: to its best prefix)."""
@@ -472,11 +554,19 @@ class StepCore:
         for g, items in by.values():
             reqs = [DraftRequest(cast(Drafter, s.slot.drafter), s.em.history, k, s.req.p_min)
                     for s, k in items]
-            for (s, k), prop in zip(items, g.draft_group(reqs), strict=True):
+            t0 = time.perf_counter()
+            props = g.draft_group(reqs)
+            share = (time.perf_counter() - t0) / len(items)   # a slot's share of the group's draft
+            for (s, k), prop in zip(items, props, strict=True):
                 if isinstance(prop, Exception):  # that slot's own failure (its grammar, say)
                     self._fail(s, out, prop)
                     continue
-                s.prop = self._cut(s.slot, prop, k)
+                plan = self.auto.current(s.slot.index) if self.auto is not None else None
+                if plan is not None:
+                    plan.drafted(0, len(prop), share)
+                    s.prop = keep(plan, cast(Drafter, s.slot.drafter), prop)
+                else:
+                    s.prop = self._cut(s.slot, prop, k)
                 s.batch = np.asarray([s.em.history[-1], *s.prop.tokens], dtype=np.int32)
 
     # -- the end ----------------------------------------------------------------------------------

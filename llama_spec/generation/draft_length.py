@@ -25,6 +25,7 @@ drafts at all. Until two batch sizes have been timed the proposal is not cut.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -82,7 +83,15 @@ class DraftLengthController:
 
     def survival(self, key: object, n: int) -> np.ndarray:
         """S(1) .. S(n) for drafter `key`, (n,) float64."""
-        h = self._hz.get(key) or _Hazards()
+        return self.survival_of([key], n)
+
+    def survival_of(self, keys: list[object], n: int) -> np.ndarray:
+        """S(1) .. S(n) over the counts of several keys together (a report's pooled curve)."""
+        h = _Hazards()
+        for k in keys:
+            if k in self._hz:
+                h.reached = h.reached + self._hz[k].reached
+                h.kept = h.kept + self._hz[k].kept
         pw, reached = self.prior_weight, h.reached.sum()
         prior = max(self.prior_keep, h.kept.sum() / reached) if reached > 0 else self.prior_keep
         hazard = (h.kept[:n] + prior * pw) / (h.reached[:n] + pw)
@@ -99,3 +108,29 @@ class DraftLengthController:
         expected = 1.0 + np.cumsum(self.survival(key, n))
         cost = np.maximum(a + b * (lengths + 1), 1e-9)
         return int(lengths[int(np.argmax(expected / cost))])
+
+    # -- reports and files (the speculation controller, controller.py) ---------------------------------
+    def pooled(self, label: Callable[[object], str] = str) -> dict[str, float]:
+        """Kept / verified draft positions (decayed) over the keys of each label(key)."""
+        sums: dict[str, list[float]] = {}
+        for k, h in self._hz.items():
+            acc = sums.setdefault(label(k), [0.0, 0.0])
+            acc[0] += float(h.kept.sum())
+            acc[1] += float(h.reached.sum())
+        return {lab: kept / reached for lab, (kept, reached) in sums.items() if reached > 0}
+
+    def export(self) -> list[list[object]]:
+        """[key as a list, reached, kept] per key whose key is a tuple of str/bool (JSON-ready)."""
+        n = MAX_LEN
+        return [[list(k), h.reached[:n].round(4).tolist(), h.kept[:n].round(4).tolist()]
+                for k, h in self._hz.items() if isinstance(k, tuple)]
+
+    def load(self, rows: list[list[object]], weight: float = 4.0) -> None:
+        """Counts from ``export()``, scaled to at most `weight` verifications per key (a prior)."""
+        for key, reached, kept in rows:
+            r = np.asarray(reached, dtype=np.float64)
+            f = min(1.0, weight / r[0]) if len(r) and r[0] > 0 else 0.0
+            h = _Hazards()
+            h.reached[: len(r)] = r * f
+            h.kept[: len(r)] = np.asarray(kept, dtype=np.float64) * f
+            self._hz[tuple(key)] = h  # type: ignore[arg-type]

@@ -41,6 +41,11 @@ class GenerationResult:
     spec_draft_sample: bool
     verify: str = "token"      # the rule asked for, after the switch ("exact-match" when it is off)
 
+    @property
+    def cached_tokens(self) -> int:
+        """Prompt tokens whose KV cells were reused, not decoded (the prompt cache)."""
+        return self.stats.n_cached
+
 
 @dataclass
 class TokenEvent:
@@ -92,6 +97,7 @@ class Request:
     v: Verification
     info: RequestInfo
     tree: tuple[int, ...] | None = None   # a tree shape: tree proposals, the tree rule
+    cache_prompt: bool = True             # reuse the cells of a common prompt prefix (prefix.py)
 
 
 class Emitter:
@@ -165,6 +171,7 @@ class GenerationRequest:
     reasoning_budget: ReasoningBudget | None = None
     spec_draft_sample: bool | None = None
     observers: Sequence[Observer] = field(default_factory=tuple)
+    cache_prompt: bool = True
 
 
 @dataclass(frozen=True)
@@ -184,7 +191,7 @@ class RequestHost:
 def build_request(host: RequestHost, prompt: str | Sequence[int], sampling: SamplerParams | None, n_predict: int,
                   seed: int | None, spec_draft_sample: bool | None, verify: VerifyName | Rule,
                   n_max: int | None, p_min: float, stop: Sequence[str], reasoning_budget: ReasoningBudget | None,
-                  ignore_eos: bool, observers: Iterable[Observer]) -> Request:
+                  ignore_eos: bool, observers: Iterable[Observer], cache_prompt: bool = True) -> Request:
     """Check every argument of one request (ValueError naming it) and build its objects."""
     _check_request_types(sampling=sampling, seed=seed, n_max=n_max, n_predict=n_predict, p_min=p_min, stop=stop)
     sampling = sampling or SamplerParams()
@@ -224,8 +231,10 @@ def build_request(host: RequestHost, prompt: str | Sequence[int], sampling: Samp
         host.drafter.configure(sampling, sampling.seed, sample=switch, collect_topk=any(o.wants_topk for o in obs))
         host.drafter.bind_grammar(sampler.grammar_clone if sampler.has_grammar else None)  # q masked like p
     info = RequestInfo(tokens, sampler, rng, rule.name, n_max)
+    if not isinstance(cache_prompt, (bool, np.bool_)):
+        raise TypeError(f"cache_prompt must be a bool, got {type(cache_prompt).__name__}")
     return Request(tokens, sampler, rule, switch, int(n_predict), n_max, float(p_min), [s for s in stop if s],
-                    bool(ignore_eos), obs, stats, v, info)
+                   bool(ignore_eos), obs, stats, v, info, cache_prompt=bool(cache_prompt))
 
 
 def pick_rule(rules: dict[str, Rule], verify: VerifyName | Rule, switch: bool) -> Rule:

@@ -22,6 +22,7 @@ from ..llama.sampling import ReasoningBudget, SamplerParams
 from ..observe.observers import Observer
 from ..observe.stats import N_MAX_LIMIT, SpecStats
 from ..rules import Rule, VerifyName
+from .controller import CostModelSource, SpecController, make_controller
 from .core import StepCore
 from .draft_length import DraftLengthController
 from .request import (
@@ -46,18 +47,33 @@ class SpeculativeGenerator:
     flash_attn, type_k, type_v). tree: the default tree shape of every request. adaptive_draft: cut
     each proposal to the length with the most expected tokens per second (speed only: a prefix of
     a draft is a draft).
+
+    auto (default on; None reads LLAMA_SPEC_AUTO): the speculation controller (controller.py) chooses
+    per step plain decoding, the drafter (a chain's member) and the draft length by predicted
+    tokens per second; it subsumes adaptive_draft. Speed only: the output distribution is
+    unchanged, but with temp > 0 a seeded run repeats token for token only with auto=False, which
+    is the fixed configuration exactly. cost_model: a saved model to start from
+    (``llama-spec tune --save``; a path, a dict or a CostModel).
+
+    Prompt reuse: a request keeps the KV cells of the longest common prefix of its prompt and
+    the previous request's prompt + output (``cache_prompt=False`` per request: decode it all);
+    cache_ram (MiB, 0 = off) adds a host-RAM cache of earlier conversations' states, LRU, never
+    above that many bytes (docs/prompt-cache.md).
     """
 
     def __init__(self, target: Model, drafter: Drafter | None = None, *, n_ctx: int = 4096,
                  n_batch: int = 512, n_threads: int | None = None, n_max: int = 3,
                  observers: Iterable[Observer] = (), context_options: Mapping[str, Any] | None = None,
-                 tree: str | Sequence[int] | None = None, adaptive_draft: bool = False) -> None:
+                 tree: str | Sequence[int] | None = None, adaptive_draft: bool = False, auto: bool | None = None,
+                 cost_model: CostModelSource = None, cache_ram: float = 0) -> None:
         check_n_max(n_max)
         self.model = target
         self.drafter = drafter
         self.core = StepCore(target, [drafter], n_ctx=n_ctx, n_ctx_per_seq=None, n_batch=n_batch,
                              n_threads=n_threads, n_max=n_max, tree=tree, adaptive_draft=adaptive_draft,
-                             observers=observers, context_options=context_options, isolate_failures=False)
+                             observers=observers, context_options=context_options, isolate_failures=False,
+                             auto=make_controller(auto, cost_model) if drafter is not None else None,
+                             cache_ram=cache_ram)
         self._owner_lock = threading.Lock()
         self._owner: tuple[int, object] | None = None   # (thread id, token) of the request that owns the loop
 
@@ -94,6 +110,11 @@ class SpeculativeGenerator:
     def rules(self) -> dict[str, Rule]:
         return self.core.rules
 
+    @property
+    def controller(self) -> SpecController | None:
+        """The speculation controller (None: auto off, or no drafter)."""
+        return self.core.auto
+
     def close(self) -> None:
         self.core.close()
 
@@ -123,6 +144,7 @@ class SpeculativeGenerator:
         observers: Iterable[Observer] = (),
         result: list[GenerationResult] | None = None,
         tree: str | Sequence[int] | None = None,
+        cache_prompt: bool = True,
     ) -> GenerationStream:
         """Validate the request now; return a stream of TokenEvent (``.result`` after iteration).
 
@@ -133,8 +155,8 @@ class SpeculativeGenerator:
         token = self._acquire()  # before the request touches the drafter: another thread's may be running
         try:
             req = build_request(self.core.host(0), prompt, sampling, n_predict, seed, spec_draft_sample, verify,
-                                n_max, p_min, stop, reasoning_budget, ignore_eos, observers)
-            req.tree = self.core.request_tree(tree, 0)
+                                n_max, p_min, stop, reasoning_budget, ignore_eos, observers, cache_prompt)
+            req.tree = self.core.request_tree(tree, 0, req.rule, req.switch)
             out = GenerationStream()
         except BaseException:
             self._release(token)

@@ -571,6 +571,21 @@ class Context(NativeHandle):
             raise ContextError(f"state load consumed {got} of {len(data)} bytes")
         self.n_outputs = 0
 
+    def save_seq_state(self, seq_id: int) -> bytes:
+        """One sequence's memory (its KV cells and recurrent state) as bytes."""
+        n = lib.llama_state_seq_get_size(self.ptr, seq_id)
+        buf = ffi.new("uint8_t[]", n)
+        got = lib.llama_state_seq_get_data(self.ptr, buf, n, seq_id)
+        return bytes(ffi.buffer(buf, got))
+
+    def load_seq_state(self, data: bytes, seq_id: int) -> None:
+        """Replace `seq_id`'s memory by a state from :meth:`save_seq_state` (of this model's contexts)."""
+        self.seq_rm(seq_id, -1, -1)
+        got = lib.llama_state_seq_set_data(self.ptr, ffi.from_buffer(data), len(data), seq_id)
+        if got != len(data):
+            self.seq_rm(seq_id, -1, -1)
+            raise ContextError(f"sequence state load consumed {got} of {len(data)} bytes (seq {seq_id})")
+
 
 class MtpContext(Context):
     """The MTP head of a model as its own context (``ctx_type = MTP`` on the same model).

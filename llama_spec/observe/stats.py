@@ -91,10 +91,17 @@ class SpecStats(Observer):
     t_prompt_s: float = 0.0
     t_decode_s: float = 0.0
     n_prompt: int = 0
+    n_cached: int = 0           # prompt tokens whose cells were reused (the prompt cache), not decoded
+    # the speculation controller's choices (auto=True; generation/controller.py), per verification
+    auto_steps: int = 0         # verifications it decided
+    auto_plain: int = 0         # of those, without drafts (plain decoding)
+    auto_explored: int = 0      # of those, an option tried to keep it measured
+    auto_by_drafter: dict[str, int] = field(default_factory=dict)      # member -> verifications
+    auto_lengths: list[int] = field(default_factory=lambda: [0] * (N_MAX_LIMIT + 1))  # k -> verifications
 
     _SUMS = ("verifications", "drafted", "accepted", "recovered", "bonus", "extra_accepted",
              "exact_match_verifications", "block_verifications", "fallback_positions", "emitted",
-             "t_prompt_s", "t_decode_s", "n_prompt")
+             "t_prompt_s", "t_decode_s", "n_prompt", "n_cached", "auto_steps", "auto_plain", "auto_explored")
     _LISTS = ("reached", "accepted_at", "expected_accept", "expected_accept_exact")
 
     @property
@@ -114,6 +121,24 @@ class SpecStats(Observer):
     @property
     def decode_tps(self) -> float:
         return self.emitted / self.t_decode_s if self.t_decode_s > 0 else 0.0
+
+    def count_auto(self, member: str | None, k: int, explored: bool) -> None:
+        """One verification the controller decided: member (None: plain) with k drafts."""
+        self.auto_steps += 1
+        self.auto_explored += bool(explored)
+        if member is None or k <= 0:
+            self.auto_plain += 1
+        else:
+            self.auto_by_drafter[member] = self.auto_by_drafter.get(member, 0) + 1
+        self.auto_lengths[min(max(k, 0), N_MAX_LIMIT)] += 1
+
+    def auto_summary(self) -> str:
+        """'plain 12, draft-simple 30; k 0:12 1:4 3:26; explored 3' (empty when nothing was decided)."""
+        if not self.auto_steps:
+            return ""
+        who = ", ".join([f"plain {self.auto_plain}", *(f"{k} {v}" for k, v in self.auto_by_drafter.items())])
+        ks = " ".join(f"{k}:{n}" for k, n in enumerate(self.auto_lengths) if n)
+        return f"{who}; k {ks}; explored {self.auto_explored}"
 
     def on_verify(self, v: Verification) -> None:
         """Count one verification (O(1) Python unless p/q were logged for it)."""
@@ -162,12 +187,17 @@ class SpecStats(Observer):
         for f in self._LISTS:
             a, b = getattr(self, f), getattr(o, f)
             setattr(self, f, [x + y for x, y in zip(a, b, strict=True)])
+        self.auto_lengths = [x + y for x, y in zip(self.auto_lengths, o.auto_lengths, strict=True)]
+        for k, n in o.auto_by_drafter.items():
+            self.auto_by_drafter[k] = self.auto_by_drafter.get(k, 0) + n
         return self
 
     def as_dict(self) -> dict[str, Any]:
         n = max((i + 1 for i, r in enumerate(self.reached) if r), default=0)
         d: dict[str, Any] = {f: getattr(self, f) for f in self._SUMS}
         d.update({f: getattr(self, f)[:n] for f in self._LISTS})
+        d.update(auto_by_drafter=dict(self.auto_by_drafter),
+                 auto_lengths={k: c for k, c in enumerate(self.auto_lengths) if c})
         d.update(acceptance_rate=self.acceptance_rate, mean_accepted_length=self.mean_accepted_length,
                  tokens_per_verification=self.tokens_per_verification, decode_tps=self.decode_tps)
         return d

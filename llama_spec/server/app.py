@@ -126,7 +126,8 @@ class _Api:
     def submit(self, req: ChatRequest | CompletionRequest, tokens: list[int], param: str) -> RequestHandle:
         n = self.limit(len(tokens), req.max_tokens, param)
         g = GenerationRequest(prompt=tokens, sampling=req.sampling, n_predict=n, seed=req.seed, stop=tuple(req.stop),
-                              verify=req.verify, n_max=req.n_max, ignore_eos=req.ignore_eos, tree=req.tree)
+                              verify=req.verify, n_max=req.n_max, ignore_eos=req.ignore_eos, tree=req.tree,
+                              cache_prompt=req.cache_prompt)
         return self.engine.submit(g, asyncio.get_running_loop())
 
     async def next_item(self, h: RequestHandle, request: Request) -> tuple[str, Any]:
@@ -179,7 +180,7 @@ class _Api:
     async def health(self, request: Request) -> Response:
         e = self.engine
         return JSONResponse({"status": "ok", "slots": e.n_parallel, "busy": e.load, "queue_capacity": e.max_queue,
-                             "n_ctx_per_slot": e.n_ctx_per_seq})
+                             "n_ctx_per_slot": e.n_ctx_per_seq, "prompt_cache": e.cache_info()})
 
     async def models(self, request: Request) -> Response:
         return JSONResponse({"object": "list", "data": [
@@ -287,7 +288,7 @@ def _finish(res: GenerationResult) -> str:
 
 def _usage(res: GenerationResult) -> chat_api.Usage:
     n_p, n_c = len(res.prompt_tokens), len(res.tokens)
-    return chat_api.Usage(n_p, n_c, n_p + n_c)
+    return chat_api.Usage(n_p, n_c, n_p + n_c, cached_tokens=res.cached_tokens)
 
 
 def _sse(chunks: AsyncIterator[dict]) -> StreamingResponse:

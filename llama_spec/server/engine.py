@@ -46,6 +46,7 @@ class BatchLike(Protocol):
     def step(self) -> list[tuple[int, TokenEvent | GenerationResult]]: ...
     def has_work(self) -> bool: ...
     def close(self) -> None: ...
+    def cache_info(self) -> dict[str, Any]: ...
 
 
 # ============================================================================ serial adapter
@@ -82,6 +83,7 @@ class ServerEngine:
         self._thread: threading.Thread | None = None
         self._ready = threading.Event()
         self._start_error: BaseException | None = None
+        self._cache_info: Callable[[], dict[str, Any]] | None = None
         self.served = 0       # results delivered
         self.failed = 0       # errors delivered
         self.cancelled = 0    # sequences dropped from a slot because their client went away
@@ -117,6 +119,10 @@ class ServerEngine:
     @property
     def load(self) -> int:
         return self._admitted
+
+    def cache_info(self) -> dict[str, Any]:
+        """The prompt cache's counters (plain ints read across threads: a snapshot, maybe a step old)."""
+        return self._cache_info() if self._cache_info is not None else {}
 
     # -------------------------------------------------------------------- asyncio side
     def submit(self, request: GenerationRequest, loop: asyncio.AbstractEventLoop) -> RequestHandle:
@@ -175,6 +181,7 @@ class ServerEngine:
             return
         self.n_parallel = int(batch.n_parallel)
         self.n_ctx_per_seq = int(batch.n_ctx_per_seq)
+        self._cache_info = batch.cache_info
         self._ready.set()
         try:
             self._loop(batch)

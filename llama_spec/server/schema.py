@@ -40,6 +40,7 @@ class _Common:
     n_max: int | None = None
     verify: str | None = None
     tree: tuple[int, ...] | None = None
+    cache_prompt: bool = True       # llama-server's field: reuse the slot's common prompt prefix
 
 
 @dataclass
@@ -183,6 +184,8 @@ def _common(body: Mapping, n_vocab: int, out: _Common) -> None:
             raise RequestError("'stream_options' must be an object", "stream_options")
         out.include_usage = bool(_bool(so, "include_usage"))
     out.ignore_eos = bool(_bool(body, "ignore_eos"))
+    cp = _bool(body, "cache_prompt")
+    out.cache_prompt = True if cp is None else cp
     nm = _num(body, "speculative.n_max", 1, 64, integer=True)  # llama-server's name
     out.n_max = None if nm is None else int(nm)
     rule = body.get("verify")

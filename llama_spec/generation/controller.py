@@ -1,0 +1,402 @@
+"""The speculation controller: per sequence, before each draft, plain decoding or which drafter and
+how many drafts, by predicted tokens per second (``auto=True``, ``--spec-auto``).
+
+Words (docs/design.md's, and these):
+
+- **member**: one drafter the controller can ask, by index: a chain's members, or the drafter
+  itself. A **cheap** member (not ``Drafter.costly``: an n-gram lookup) is always asked first, as
+  its draft costs about nothing; a **costly** one (a model) only when asking it is predicted to pay.
+- **option**: plain decoding (k = 0, no draft), or member m with k = 1 .. k_cap drafts.
+- **band**: the acceptance regime of a request: "greedy", or the rule and a temperature band.
+- per option, with B the running sequences, S_m the survival of m's drafts (draft_length.py,
+  keyed by member, band and "the last verification kept every draft"), c, r, D the cost model's
+  verification, post and draft costs (cost_model.py):
+
+      E(k) = 1 + S_m(1) + .. + S_m(k)          expected tokens of the verification
+      T(k) = c(B (k + 1), B) / B + r(k + 1) + D_m(k)   its seconds, this sequence's share
+      rate = E(k) / T(k);  plain: 1 / (c(B, B) / B + r(1))
+
+  In a batch every sequence is charged a 1/B share of a decode of B x (k + 1) rows against a
+  share of B plain rows (SmartSpec's goodput; exact when the sequences choose alike).
+- After drafting (the draft's cost is then spent), the proposal is cut to its best prefix
+  k in 0 .. len (0 = plain after all) by the same rate with D the seconds the draft took.
+
+Exploration (as the chain gate, chain_gate.py): each costly member and plain get ``min_turns``
+turns first (costly members first, at the full length); then the best arm is chosen, and an arm
+that was not chosen for ``explore_every x min(max_stretch, (best rate / its rate)^2)`` steps is
+chosen once, so it stays measured, the clearer the loser the rarer. Lengths are explored the same
+way: k_best + 1 instead of k_best.
+
+Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
+no draft is a verification without drafts); a decision uses only what happened before it, so the
+output distribution is unchanged. Timings differ run to run, so with temp > 0 a seeded run
+repeats token for token only with the controller off (``auto=False``).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..drafters.base import Drafter, Proposal
+from ..env import env_flag
+from .cost_model import CostModel
+from .draft_length import DraftLengthController
+
+__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "SpecController", "band_of", "keep", "make_controller",
+           "run_plan"]
+
+PLAIN = -1   # the plain arm's index among a slot's arms
+ENV_AUTO = "LLAMA_SPEC_AUTO"   # the default of auto=None (on when unset)
+CostModelSource = CostModel | dict[str, Any] | str | Path | None
+
+
+def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> SpecController | None:
+    """A generator's controller: auto None reads LLAMA_SPEC_AUTO (default on); False: none."""
+    on = env_flag(ENV_AUTO, True) if auto is None else bool(auto)
+    if not on:
+        if cost_model is not None:
+            raise ValueError("cost_model: given with auto=False (the cost model is the controller's)")
+        return None
+    return SpecController(cost_model=cost_model)
+
+
+def band_of(greedy: bool, temp: float, rule: str) -> str:
+    """The acceptance band of a request (greedy: every rule is exact-match, invariant 2)."""
+    if greedy:
+        return "greedy"
+    return f"{rule}/t<0.5" if temp < 0.5 else f"{rule}/t<1" if temp < 1.0 else f"{rule}/t>=1"
+
+
+@dataclass
+class Choice:
+    """What one step of one sequence did: member (None: plain), drafts verified, explored."""
+
+    member: int | None
+    k: int
+    explored: bool = False
+    name: str | None = None     # the member's name
+
+
+@dataclass
+class _Slot:
+    """One slot's drafter members and its exploration state."""
+
+    names: list[str]
+    costly: list[bool]
+    turns: dict[int, int] = field(default_factory=dict)       # arm -> steps it was asked (plain: ran)
+    since: dict[int, int] = field(default_factory=dict)       # arm -> steps since it last ran
+    len_since: dict[int, int] = field(default_factory=dict)   # member -> cuts since a longer one was tried
+    last_drafted: dict[int, int] = field(default_factory=dict)  # member -> history length at its last draft
+    last_full: bool = False
+    sweep_i: int = 0
+    plan: Plan | None = None
+
+
+class Plan:
+    """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then ``finish()``."""
+
+    def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, band: str, n_seqs: int, hist_len: int) -> None:
+        self.ctl, self.st, self.band, self.hist_len = ctl, st, band, hist_len
+        self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
+        self.full = st.last_full
+        self.v = ctl.step_cost(k_cap, self.n_seqs)   # T without drafting, per n_rows 1 .. k_cap + 1
+        self.member: int | None = None              # whose proposal is held
+        self.n_held, self.sunk = 0, 0.0
+        self.explored = False
+        self.k = 0
+        self._asks: list[tuple[int, int]] = []
+        self._arm: tuple[int, int, float] = (PLAIN, 0, 0.0)   # pre-draft: arm, cap, its predicted rate
+        self.asked_costly = False
+        forced = ctl.sweep[st.sweep_i % len(ctl.sweep)] if ctl.sweep else None
+        self._forced = forced is not None
+        if forced is not None:
+            st.sweep_i += 1
+            if forced[0] is not None and forced[0] < len(st.names) and forced[1] > 0:
+                self._asks = [(forced[0], min(forced[1], k_cap))]
+            return
+        self._arm = self._choose_arm()
+        self._asks = [(i, k_cap) for i, c in enumerate(st.costly) if not c]
+        if self._arm[0] != PLAIN and not self._asks:
+            self._asks = [(self._arm[0], self._arm[1])]
+
+    # -- before drafting ------------------------------------------------------------------------
+    def _choose_arm(self) -> tuple[int, int, float]:
+        """(costly member or PLAIN, cap, predicted rate): cold turns first, then the best, explored."""
+        st, ctl = self.st, self.ctl
+        arms = [i for i, c in enumerate(st.costly) if c] + [PLAIN]
+        if len(arms) == 1:
+            return PLAIN, 0, 0.0
+        cold = [a for a in arms if st.turns.get(a, 0) < ctl.min_turns]
+        if cold or np.isnan(self.v).any():
+            a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
+            self.explored = True
+            return a, (self.k_cap if a != PLAIN else 0), 0.0
+        best: dict[int, tuple[int, float]] = {PLAIN: (0, 1.0 / self.v[0])}
+        for m in arms[:-1]:
+            r = self.rates(m, self.k_cap, None)
+            if r is not None:
+                k = int(np.argmax(r[1:])) + 1
+                best[m] = (k, float(r[k]))
+        top = max(best, key=lambda a: best[a][1])
+        hi = best[top][1]
+        for a in arms:
+            if a == top or a not in best:
+                continue
+            if st.since.get(a, 0) >= ctl.interval(hi, best[a][1]):
+                self.explored = True
+                return a, best[a][0], best[a][1]
+        return top, best[top][0], hi
+
+    def rates(self, m: int, n: int, sunk: float | None) -> np.ndarray | None:
+        """Predicted rates of member m's options k = 0 .. n (index k); sunk: the draft already paid
+        (None: predict its cost). None when m's draft cost was never measured."""
+        ctl = self.ctl
+        ks = np.arange(0, n + 1)
+        e = np.concatenate([[1.0], 1.0 + np.cumsum(ctl.survival(self.st.names[m], self.band, self.full, n))])
+        if sunk is None:
+            d = ctl.cost.draft_cost(self.st.names[m], ks)
+            if d is None:
+                return None
+            d[0] = 0.0   # k = 0: nothing drafted
+        else:
+            d = np.full(n + 1, sunk)
+        return np.asarray(e / np.maximum(self.v[: n + 1] + d, 1e-9), dtype=np.float64)
+
+    def next_ask(self) -> tuple[int, int] | None:
+        """The next (member, cap) to draft with, or None: no (more) drafting this step."""
+        return self._asks.pop(0) if self._asks else None
+
+    def drafted(self, m: int, n: int, seconds: float) -> None:
+        """Member m's draft gave n tokens in `seconds`; decides what is asked next."""
+        st = self.st
+        last = st.last_drafted.get(m)
+        # tokens its lazy sync decoded: since its last draft; all of them at a request's first draft
+        gap = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
+        st.last_drafted[m] = self.hist_len
+        self.ctl.cost.record_draft(st.names[m], n, max(gap, 1), seconds)
+        if st.costly[m]:
+            st.turns[m] = st.turns.get(m, 0) + 1
+            self.asked_costly = True
+        if self._forced:
+            self.member, self.n_held, self.sunk = (m, n, seconds) if n else (None, 0, 0.0)
+            return
+        if n > 0:
+            self._asks = []
+            self.member, self.n_held, self.sunk = m, n, seconds
+            arm = self._arm[0]
+            if arm != PLAIN and arm != m and not st.costly[m]:   # a cheap draft in hand: still ask the model?
+                r = self.rates(m, n, seconds)
+                if r is None or self._arm[2] > float(r.max()) or (self.explored and self._arm[2] == 0.0):
+                    self._asks = [(arm, self._arm[1])]   # the caller drops the cheap draft (cut(0))
+                    self.member, self.n_held = None, 0
+        elif not self._asks and self._arm[0] != PLAIN and m != self._arm[0] and not st.costly[m]:
+            self._asks = [(self._arm[0], self._arm[1])]   # no cheap draft: the arm chosen before drafting
+
+    # -- after drafting ---------------------------------------------------------------------------
+    def finish(self, n: int) -> int:
+        """The drafts to verify of the proposal held (n tokens): 0 .. n."""
+        if self.member is None or n <= 0:
+            self.member, self.k = None, 0
+        elif self._forced:
+            self.k = n
+        elif np.isnan(self.v).any():
+            self.k, self.explored = n, True     # nothing timed yet: the full draft
+        elif not self.ctl.cost.ready():
+            # one size timed: the other of (plain = n_seqs rows, the full draft), so two sizes are
+            self.k, self.explored = (n if self.ctl.cost.timed(self.n_seqs, self.n_seqs) else 0), True
+        else:
+            self.k = self._cut(self.member, n)
+        if self.member is None and not self.asked_costly:
+            st = self.st
+            st.turns[PLAIN] = st.turns.get(PLAIN, 0) + 1
+        self._ran(PLAIN if self.member is None else self.member)
+        return self.k
+
+    def _cut(self, m: int, n: int) -> int:
+        r = self.rates(m, n, self.sunk)
+        assert r is not None
+        kb = int(np.argmax(r))
+        if kb < n:
+            st = self.st
+            st.len_since[m] = st.len_since.get(m, 0) + 1
+            if st.len_since[m] >= self.ctl.interval(float(r[kb]), float(r[kb + 1])):
+                st.len_since[m] = 0
+                self.explored = True
+                return kb + 1
+        return kb
+
+    def _ran(self, arm: int) -> None:
+        st = self.st
+        for a in [i for i, c in enumerate(st.costly) if c] + [PLAIN]:
+            st.since[a] = 0 if a == arm else st.since.get(a, 0) + 1
+
+    @property
+    def member_name(self) -> str | None:
+        return None if self.member is None else self.st.names[self.member]
+
+
+class SpecController:
+    """The cost model, the drafts' survival and every slot's exploration (module docstring).
+
+    cost_model: a saved model (``to_dict()`` of a CostModel, or a path to its JSON) to start from.
+    sweep: (member or None, k) options tried in turn instead of deciding (``llama-spec tune``).
+    """
+
+    def __init__(self, *, explore_every: int = 16, max_stretch: float = 64.0, min_turns: int = 2,
+                 decay: float = 0.98, cost_model: CostModelSource = None,
+                 sweep: Sequence[tuple[int | None, int]] = ()) -> None:
+        if explore_every < 2 or max_stretch < 1.0 or min_turns < 1:
+            raise ValueError("controller: requires explore_every >= 2, max_stretch >= 1, min_turns >= 1")
+        self.explore_every, self.max_stretch, self.min_turns = explore_every, max_stretch, min_turns
+        self.cost, self.accept = load_cost_model(cost_model, decay)
+        self.sweep = list(sweep)
+        self.slots: dict[int, _Slot] = {}
+        self.choices: dict[str, int] = {}        # "plain" / member name -> steps
+        self.lengths = np.zeros(65, dtype=np.int64)
+        self.explored = 0
+
+    def attach(self, slot: int, names: Sequence[str], costly: Sequence[bool]) -> None:
+        """Slot `slot`'s drafter has these members (in its chain order)."""
+        self.slots[slot] = _Slot(list(names), [bool(c) for c in costly])
+
+    def interval(self, best: float, other: float) -> float:
+        """Steps between two tries of an option predicted at `other` against the best at `best`."""
+        stretch = self.max_stretch if other <= 0 else min(self.max_stretch, (best / other) ** 2)
+        return max(float(self.explore_every), self.explore_every * stretch)
+
+    def survival(self, name: str, band: str, full: bool, n: int) -> np.ndarray:
+        return self.accept.survival((name, band, full), n)
+
+    def step_cost(self, k_cap: int, n_seqs: int) -> np.ndarray:
+        """Seconds of a step of one sequence without its draft, for n_rows = 1 .. k_cap + 1."""
+        n = np.arange(1, k_cap + 2)
+        return self.cost.verify_cost(n * n_seqs, n_seqs) / n_seqs + self.cost.post_cost(n)
+
+    # -- the core's calls -----------------------------------------------------------------------
+    def plan(self, slot: int, k_cap: int, band: str, n_seqs: int, hist_len: int) -> Plan:
+        st = self.slots[slot]
+        st.plan = Plan(self, st, k_cap, band, n_seqs, hist_len)
+        return st.plan
+
+    def current(self, slot: int) -> Plan | None:
+        return self.slots[slot].plan if slot in self.slots else None
+
+    def verified(self, slot: int, n_kept: int, n_rows: int, post_seconds: float) -> Choice | None:
+        """After the sequence's verification: its survival, post cost and turns. Returns its choice."""
+        st = self.slots.get(slot)
+        self.cost.record_post(n_rows, post_seconds)
+        plan = st.plan if st is not None else None
+        if st is None or plan is None:
+            return None
+        st.plan = None
+        if plan.member is not None and plan.k > 0:
+            self.accept.record_verify((st.names[plan.member], plan.band, plan.full), plan.k, n_kept)
+        st.last_full = plan.k > 0 and n_kept == plan.k
+        name = plan.member_name or "plain"
+        self.choices[name] = self.choices.get(name, 0) + 1
+        self.lengths[min(plan.k, 64)] += 1
+        self.explored += plan.explored
+        return Choice(plan.member, plan.k, plan.explored, plan.member_name)
+
+    def decoded(self, n_rows: int, n_seqs: int, seconds: float) -> None:
+        self.cost.record_decode(n_rows, n_seqs, seconds)
+
+    # -- reports ----------------------------------------------------------------------------------
+    def table(self, slot: int, k_max: int, band: str, n_seqs: int = 1) -> list[dict[str, Any]]:
+        """Every option's prediction for `slot` (member, k, expected tokens, seconds, tokens/s)."""
+        st = self.slots[slot]
+        v = self.step_cost(k_max, n_seqs)
+        rows: list[dict[str, Any]] = [{"option": "plain", "k": 0, "tokens": 1.0, "seconds": float(v[0]),
+                                       "tok_per_s": float(1.0 / v[0]) if v[0] > 0 else float("nan")}]
+        for name in st.names:
+            e = 1.0 + np.cumsum(self.accept.survival_of([(name, band, False), (name, band, True)], k_max))
+            d = self.cost.draft_cost(name, np.arange(1, k_max + 1))
+            t = v[1:] + (d if d is not None else np.nan)
+            for k in range(1, k_max + 1):
+                rows.append({"option": name, "k": k, "tokens": float(e[k - 1]), "seconds": float(t[k - 1]),
+                             "tok_per_s": float(e[k - 1] / t[k - 1])})
+        return rows
+
+    def summary(self) -> dict[str, Any]:
+        """What was chosen how often and the measured rates (for the stats line and JSON)."""
+        ks = np.arange(1, 6)
+        c = self.step_cost(4, 1)
+        out: dict[str, Any] = {"chosen": dict(self.choices), "explored": int(self.explored),
+                               "lengths": {int(k): int(n) for k, n in enumerate(self.lengths) if n},
+                               "step_ms": {int(n): round(1e3 * float(x), 2) for n, x in zip(ks, c, strict=True)
+                                           if not np.isnan(x)}}
+        draft: dict[str, float] = {}
+        for name in self.cost.draft_lines:
+            d = self.cost.draft_cost(name, np.array([0, 3]))
+            if d is not None:
+                draft[name] = round(1e3 * float(d[1] - d[0]) / 3.0, 3)
+        out["draft_ms_per_token"] = draft
+        out["acceptance"] = {k: round(v, 3) for k, v in self.accept.pooled(_member_band).items()}
+        return out
+
+    def describe(self) -> str:
+        s = self.summary()
+        chosen = " ".join(f"{k}={v}" for k, v in s["chosen"].items())
+        lengths = " ".join(f"{k}:{v}" for k, v in s["lengths"].items())
+        step = " ".join(f"c({k})={v}ms" for k, v in s["step_ms"].items())
+        draft = " ".join(f"{k}={v}ms/tok" for k, v in s["draft_ms_per_token"].items())
+        acc = " ".join(f"{k}={100 * v:.0f}%" for k, v in s["acceptance"].items())
+        return (f"auto: chosen {chosen} (explored {s['explored']}); k {lengths}; {step}; draft {draft}; "
+                f"kept {acc}")
+
+    def save(self, path: str | Path) -> None:
+        """The cost model and the survival counts as JSON (``cost_model=path`` reads it back)."""
+        data = {"version": 1, "cost": self.cost.to_dict(), "survival": self.accept.export()}
+        Path(path).write_text(json.dumps(data, indent=1))
+
+
+def _member_band(key: object) -> str:
+    """'member@band' of a survival key (member, band, last_full)."""
+    return f"{key[0]}@{key[1]}" if isinstance(key, tuple) and len(key) == 3 else str(key)
+
+
+def load_cost_model(src: CostModelSource,
+                    decay: float) -> tuple[CostModel, DraftLengthController]:
+    """(cost model, survival) from a CostModel, a saved dict, a JSON file, or fresh (None)."""
+    accept = DraftLengthController(decay=decay)
+    if src is None:
+        return CostModel(decay), accept
+    if isinstance(src, CostModel):
+        return src, accept
+    data = src if isinstance(src, dict) else json.loads(Path(src).read_text())
+    if "cost" not in data:
+        raise ValueError("cost model: not a file written by `llama-spec tune --save` (no 'cost' entry)")
+    accept.load(data.get("survival", []))
+    return CostModel.from_dict(data["cost"]), accept
+
+
+def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> Proposal:
+    """Draft as `plan` asks (each member timed), then keep the prefix ``plan.finish`` chooses."""
+    prop = Proposal()
+    while (ask := plan.next_ask()) is not None:
+        if len(prop):   # the plan drops the draft in hand for a model member's
+            drafter.truncated(0)
+            prop = Proposal()
+        m, cap = ask
+        t0 = time.perf_counter()
+        got = drafter.draft_member(m, history, cap, p_min)
+        plan.drafted(m, len(got), time.perf_counter() - t0)
+        if len(got):
+            prop = got
+    return keep(plan, drafter, prop)
+
+
+def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:
+    """`prop` cut to the drafts ``plan.finish`` verifies (the drafter is told of a cut)."""
+    k = plan.finish(len(prop))
+    if k < len(prop):
+        drafter.truncated(k)
+        prop.truncate(k)
+    return prop

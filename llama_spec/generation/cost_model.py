@@ -1,0 +1,192 @@
+"""What speculation costs, measured online: the speculation controller's cost model (controller.py).
+
+Words, used below exactly:
+
+- **verification cost** c(N, B): seconds of one target decode of N rows for B sequences (a
+  verification batch; B = 1 solo). Kept two ways: a decayed mean per measured (N, B) (an
+  exponential moving average per cell), and a line a + b N + e B fitted to every decode by
+  decayed least squares; the estimate at (N, B) blends the cell's mean (its weight) with the line
+  (weight 1), so a cell measured often is trusted and one never measured comes from the line.
+  CPU decodes are not linear in N (1.5B on 2 cores: n = 2 costs 1.43x n = 1, n = 4 1.64x,
+  n = 8 2.88x; docs FACTS), hence the cells.
+- **post cost** r(n): seconds of one sequence's work after the decode of its n rows (its drafter's
+  observe, the rule, the rollback), a line in n.
+- **draft cost** D_m(k, gap): seconds of one ``draft()`` call of drafter m for k draft tokens,
+  ``gap`` = tokens emitted since m last drafted for this sequence (its lazy sync decodes them).
+  A line in (1, k, gap) per drafter; predictions use gap = 1: the sync after a plain stretch is
+  paid once, not per step, and charging it to the next step would keep a drafter out for good.
+
+Every fit decays by ``decay`` per new measurement, so a change of load is followed. A model can
+be written to JSON (``to_dict``) and read back (``from_dict``) as the start of a later run
+(``llama-spec tune --save``, ``--spec-cost-model``): its cells then weigh at most ``PRIOR_WEIGHT``,
+so this machine's own measurements take over within a few steps.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+__all__ = ["PRIOR_WEIGHT", "CostModel", "LinearFit"]
+
+PRIOR_WEIGHT = 2.0   # weight of a loaded cell (as two measurements)
+_MAX_CELL_WEIGHT = 20.0
+
+
+class LinearFit:
+    """y ~ x . beta by decayed least squares (a small ridge toward `prior` keeps it defined).
+
+    Robust to one-off stalls: the first ``warmup`` measurements are dropped, and so is one above
+    ``OUTLIER`` x the smallest seen (that floor rises by 1/decay per measurement; one below it /
+    OUTLIER restarts the fit, the earlier ones were the stalls): a kernel's first
+    call compiles or loads it (617 ms of rule time against 0.2-0.6 ms for every later one, measured
+    here). Once three are in, a measurement is clipped to ``CLIP`` x the prediction (a load change
+    still comes through, CLIP x per step).
+    """
+
+    CLIP = 4.0
+    OUTLIER = 25.0
+
+    def __init__(self, n_features: int, decay: float, warmup: int = 0) -> None:
+        self.n, self.decay, self.warmup = int(n_features), float(decay), int(warmup)
+        self.xtx = np.zeros((self.n, self.n))
+        self.xty = np.zeros(self.n)
+        self.count = 0.0                       # decayed number of measurements
+        self.sum_y = 0.0
+        self.floor = float("inf")              # the smallest measurement, rising slowly
+
+    def add(self, x: np.ndarray, y: float) -> None:
+        if self.warmup > 0:
+            self.warmup -= 1
+            return
+        if self.count > 0 and y * self.OUTLIER < self.floor:   # what came before were the stalls
+            self.xtx, self.xty, self.count, self.sum_y = self.xtx * 0.0, self.xty * 0.0, 0.0, 0.0
+        self.floor = min(y, self.floor / self.decay)
+        if y > self.OUTLIER * max(self.floor, 1e-6):
+            return
+        if self.count >= 3.0:
+            beta = self.coef(np.zeros(self.n))
+            assert beta is not None
+            y = min(y, self.CLIP * max(float(x @ beta), 1e-6))
+        d = self.decay
+        self.xtx = self.xtx * d + np.outer(x, x)
+        self.xty = self.xty * d + x * y
+        self.count = self.count * d + 1.0
+        self.sum_y = self.sum_y * d + y
+
+    def coef(self, prior: np.ndarray) -> np.ndarray | None:
+        """beta (None before any measurement); directions the data do not fix stay at `prior`."""
+        if self.count <= 0.0:
+            return None
+        lam = 1e-6 * max(float(np.trace(self.xtx)), 1e-12) + 1e-12
+        a = self.xtx + lam * np.eye(self.n)
+        return np.asarray(np.linalg.solve(a, self.xty + lam * prior), dtype=np.float64)
+
+    def to_list(self) -> list[Any]:
+        return [self.xtx.tolist(), self.xty.tolist(), self.count, self.sum_y]
+
+    def load(self, data: list[Any], scale: float) -> None:
+        """A saved fit, its weight scaled down to at most `scale` measurements."""
+        xtx, xty, count, sum_y = data
+        f = min(1.0, scale / count) if count > 0 else 0.0
+        self.xtx = np.asarray(xtx, dtype=np.float64) * f
+        self.xty = np.asarray(xty, dtype=np.float64) * f
+        self.count, self.sum_y = float(count) * f, float(sum_y) * f
+
+
+class CostModel:
+    """c(N, B), r(n) and D_m(k, gap) (module docstring); ``record_*`` after, ``*_cost`` before."""
+
+    def __init__(self, decay: float = 0.98) -> None:
+        if not 0.0 < decay <= 1.0:
+            raise ValueError("cost model: requires 0 < decay <= 1")
+        self.decay = float(decay)
+        self.cells: dict[tuple[int, int], list[float]] = {}   # (N, B) -> [weight, mean seconds]
+        self.verify_line = LinearFit(3, decay)                # 1, N, B
+        self.post_line = LinearFit(2, decay, warmup=1)        # 1, n
+        self.draft_lines: dict[str, LinearFit] = {}           # drafter -> 1, k, gap
+
+    # -- measurements ----------------------------------------------------------------------------
+    def record_decode(self, n_rows: int, n_seqs: int, seconds: float) -> None:
+        """A verification decode of n_rows rows of n_seqs sequences took `seconds`."""
+        cell = self.cells.setdefault((int(n_rows), int(n_seqs)), [0.0, 0.0])
+        if cell[0] >= 2.0:
+            seconds = min(seconds, LinearFit.CLIP * cell[1])
+        w = min(cell[0] * self.decay + 1.0, _MAX_CELL_WEIGHT)
+        cell[1] += (seconds - cell[1]) / w
+        cell[0] = w
+        self.verify_line.add(np.array([1.0, n_rows, n_seqs]), seconds)
+
+    def record_post(self, n_rows: int, seconds: float) -> None:
+        """One sequence's work after the decode of its n_rows rows took `seconds`."""
+        self.post_line.add(np.array([1.0, n_rows]), seconds)
+
+    def record_draft(self, drafter: str, n_drafted: int, gap: int, seconds: float) -> None:
+        """A draft() call of `drafter` gave n_drafted tokens after a gap of `gap` tokens."""
+        fit = self.draft_lines.setdefault(drafter, LinearFit(3, self.decay, warmup=1))
+        fit.add(np.array([1.0, n_drafted, gap]), seconds)
+
+    # -- estimates ---------------------------------------------------------------------------------
+    def ready(self) -> bool:
+        """Two numbers of rows timed: the verification cost of other sizes can be told."""
+        return len({n for n, _ in self.cells}) >= 2
+
+    def timed(self, n_rows: int, n_seqs: int) -> bool:
+        """A decode of n_rows rows for n_seqs sequences was timed."""
+        return (int(n_rows), int(n_seqs)) in self.cells
+
+    def verify_cost(self, n_rows: np.ndarray, n_seqs: int) -> np.ndarray:
+        """c(N, B) for each N of `n_rows` (int, ascending), made non-decreasing in N; NaN unknown."""
+        line = self.verify_line.coef(np.zeros(3))
+        if line is not None and not self.ready():
+            # one size timed: flat (the optimistic guess that makes the loop try other sizes)
+            line = np.array([self.verify_line.sum_y / self.verify_line.count, 0.0, 0.0])
+        out = np.full(len(n_rows), np.nan)
+        for i, n in enumerate(n_rows):
+            base = np.nan if line is None else float(line[0] + line[1] * n + line[2] * n_seqs)
+            cell = self.cells.get((int(n), int(n_seqs)))
+            if cell is not None and cell[0] > 0:
+                out[i] = cell[1] if np.isnan(base) else (cell[0] * cell[1] + base) / (cell[0] + 1.0)
+            else:
+                out[i] = base
+        if not np.isnan(out).any():
+            out = np.maximum.accumulate(np.maximum(out, 1e-9))
+        return out
+
+    def post_cost(self, n_rows: np.ndarray) -> np.ndarray:
+        coef = self.post_line.coef(np.zeros(2))
+        if coef is None:
+            return np.zeros(len(n_rows))
+        return np.maximum(coef[0] + coef[1] * n_rows, 0.0)
+
+    def draft_cost(self, drafter: str, k: np.ndarray) -> np.ndarray | None:
+        """D_m(k, gap = 1) for each k (None: never timed). Prior: proportional to k + 1."""
+        fit = self.draft_lines.get(drafter)
+        if fit is None or fit.count <= 0:
+            return None
+        per = fit.sum_y / (fit.xtx[0, 1] + fit.count)     # a guess: seconds per (drafted token + 1)
+        coef = fit.coef(np.array([per, per, 0.0]))
+        assert coef is not None
+        return np.maximum(coef[0] + coef[1] * k + coef[2], 0.0)
+
+    # -- files -------------------------------------------------------------------------------------
+    def to_dict(self) -> dict[str, Any]:
+        return {"decay": self.decay,
+                "cells": [[n, b, w, m] for (n, b), (w, m) in sorted(self.cells.items())],
+                "verify_line": self.verify_line.to_list(), "post_line": self.post_line.to_list(),
+                "draft_lines": {k: v.to_list() for k, v in self.draft_lines.items()}}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> CostModel:
+        """A saved model as a prior: every part weighs at most PRIOR_WEIGHT measurements."""
+        m = cls(float(data.get("decay", 0.98)))
+        for n, b, w, mean in data.get("cells", []):
+            if float(w) > 0:
+                m.cells[(int(n), int(b))] = [min(float(w), PRIOR_WEIGHT), float(mean)]
+        m.verify_line.load(data["verify_line"], PRIOR_WEIGHT * max(1, len(m.cells)))
+        m.post_line.load(data["post_line"], PRIOR_WEIGHT)
+        for name, fit in data.get("draft_lines", {}).items():
+            m.draft_lines[name] = LinearFit(3, m.decay)
+            m.draft_lines[name].load(fit, PRIOR_WEIGHT * 4)
+        return m

@@ -1,0 +1,201 @@
+"""The speculation controller (--spec-auto) against plain decoding, every fixed configuration and
+native llama.cpp, interleaved, same seeds (issue 25).
+
+Per prompt (code and prose from scripts/prompts.json, edits from scripts/edit_prompts.json in the
+ChatML chat format) and temperature, every arm runs twice, in the order A B .. Z Z .. B A:
+
+* plain: no drafter;
+* auto: the controller over a chain of the drafters (``--auto-spec``, default
+  ngram-simple,ngram-mod,draft-simple: it asks the n-gram members first, the draft model only where
+  it pays, and chooses plain decoding and the length each step);
+* the fixed configurations of the sweep (auto off): draft-simple n-max 1..5, ngram-simple,
+  ngram-map-k, ngram-mod, the chains ngram-simple,draft-simple and ngram-mod,draft-simple, trees
+  (2,1,1) and (2,2,1) of draft-simple;
+* native: ``llama-speculative-simple -m T -md D`` at its defaults (built like scripts/bench_native.py;
+  ``--native off`` skips it, ``auto`` uses it only when it is built already).
+
+Reported per prompt: decode t/s of each arm (median of its two runs), auto / plain, auto / oracle
+(the best fixed configuration of that prompt), auto / native, then the medians and minima. The
+auto arm's controller keeps what it measured from prompt to prompt (as a server or chat session).
+
+  python scripts/bench_auto.py                      # 12 prompts, 1.5B <- 0.5B, temps 0 and 0.8
+  python scripts/bench_auto.py --quick              # smoke: SmolLM2-135M drafting for itself, 3 prompts
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shlex
+import statistics
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from bench_native import run_native  # noqa: E402
+from bench_spec import DEFAULT_DRAFTER, DEFAULT_TARGET, loadavg, machine_info, resolve, sampler, write_json  # noqa: E402
+
+HERE = Path(__file__).resolve().parent
+FIXED_DRAFT = [f"draft-simple:{k}" for k in range(1, 6)]
+FIXED_NGRAM = ["ngram-simple", "ngram-map-k", "ngram-mod"]
+FIXED_CHAIN = ["ngram-simple,draft-simple", "ngram-mod,draft-simple"]
+FIXED_TREE = ["tree:2,1,1", "tree:2,2,1"]
+
+
+def prompts(n_per_class: int) -> list[tuple[str, str]]:
+    base = json.loads((HERE / "prompts.json").read_text())
+    edits = json.loads((HERE / "edit_prompts.json").read_text())["edit"]
+    out = []
+    for i in range(n_per_class):
+        out += [("code", base["code"][i]), ("prose", base["prose"][i]),
+                ("edit", f"<|im_start|>user\n{edits[i]}<|im_end|>\n<|im_start|>assistant\n")]
+    return out
+
+
+class Arms:
+    """The models and one generator per arm (built once; the auto arm's controller persists)."""
+
+    def __init__(self, a: argparse.Namespace) -> None:
+        from llama_spec import DraftModelDrafter, Model, SpeculativeGenerator
+        from llama_spec.drafters.chain import ChainDrafter
+        from llama_spec.drafters.ngram import build_ngram_drafter, parse_spec_types
+
+        self.target_path, self.draft_path = resolve(a.target), resolve(a.drafter)
+        self.target = Model(self.target_path)
+        self.draft = Model(self.draft_path) if self.draft_path != self.target_path else self.target
+        kw = dict(n_ctx=a.n_ctx, n_threads=a.threads)
+
+        def member(t: str, n_max: int = 3):
+            if t == "draft-simple":
+                return DraftModelDrafter(self.draft, n_max=n_max, **kw)
+            return build_ngram_drafter(t)
+
+        def chain(spec: str, n_max: int = 3):
+            ms = [member(t, n_max) for t in parse_spec_types(spec)]
+            return ms[0] if len(ms) == 1 else ChainDrafter(ms, gate=True)
+
+        def gen(d, n_max: int, **more):
+            return SpeculativeGenerator(self.target, d, n_max=n_max, **kw, **more)
+
+        self.gens = {"plain": gen(None, 1, auto=False), "auto": gen(chain(a.auto_spec, a.n_max), 64, auto=True)}
+        for name in a.fixed:
+            if name.startswith("draft-simple:"):
+                k = int(name.split(":")[1])
+                self.gens[name] = gen(member("draft-simple", k), k, auto=False)
+            elif name.startswith("tree:"):
+                shape = tuple(int(x) for x in name.split(":")[1].split(","))
+                self.gens[name] = gen(member("draft-simple", len(shape)), len(shape), auto=False, tree=shape)
+            else:
+                self.gens[name] = gen(chain(name), 64 if "ngram" in name else 3, auto=False)
+
+    def run(self, arm: str, prompt: str, temp: float, n: int, seed: int) -> float:
+        r = self.gens[arm].generate(prompt, sampling=sampler(temp), n_predict=n, seed=seed)
+        return r.stats.decode_tps
+
+    def close(self) -> None:
+        for g in self.gens.values():
+            g.close()
+        if self.draft is not self.target:
+            self.draft.close()
+        self.target.close()
+
+
+def native_tool(mode: str) -> Path | None:
+    if mode == "off":
+        return None
+    import build_llama
+
+    bin_dir = Path(build_llama.build_info()["build_dir"]) / "bin"
+    tool = bin_dir / "llama-speculative-simple"
+    if tool.exists():
+        return tool
+    if mode == "auto":
+        print("# native llama-speculative-simple is not built: skipped (--native build builds it)", file=sys.stderr)
+        return None
+    return build_llama.build_tools(["llama-speculative-simple"]) / "llama-speculative-simple"
+
+
+def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, text: str, temp: float,
+               seed: int) -> dict:
+    order = list(arms.gens) + (["native"] if tool else [])
+    runs: dict[str, list[float]] = {k: [] for k in order}
+    cmd = None
+    if tool:
+        cmd = [str(tool), "-m", str(arms.target_path), "-md", str(arms.draft_path), "-p", text, "-n", str(a.n_tokens),
+               "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads), "-c", str(a.n_ctx)]
+    for arm in order + order[::-1]:
+        tps = run_native(cmd, text)["tps"] if arm == "native" and cmd else arms.run(arm, text, temp, a.n_tokens, seed)
+        runs[arm].append(tps)
+    tps = {k: statistics.median(v) for k, v in runs.items()}
+    fixed = {k: v for k, v in tps.items() if k not in ("plain", "auto", "native")}
+    oracle = max(fixed, key=lambda k: fixed[k]) if fixed else "plain"
+    rec = {"class": cls, "temp": temp, "seed": seed, "tps": tps, "oracle": oracle,
+           "auto_plain": tps["auto"] / tps["plain"], "auto_oracle": tps["auto"] / max(tps[oracle], tps["plain"])}
+    if "native" in tps:
+        rec["auto_native"] = tps["auto"] / tps["native"]
+    nat = f", /native {rec['auto_native']:.2f}" if "native" in rec else ""
+    print(f"T={temp:<4} {cls:5}: plain {tps['plain']:6.1f}  auto {tps['auto']:6.1f}  oracle {oracle} "
+          f"{tps[oracle]:6.1f}   auto/plain {rec['auto_plain']:.2f}, /oracle {rec['auto_oracle']:.2f}{nat}", flush=True)
+    return rec
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=DEFAULT_TARGET)
+    ap.add_argument("--drafter", default=DEFAULT_DRAFTER)
+    ap.add_argument("--auto-spec", default="ngram-simple,ngram-mod,draft-simple", help="the auto arm's chain")
+    ap.add_argument("--n-max", type=int, default=5, help="the auto arm's draft-simple cap")
+    ap.add_argument("-n", "--n-tokens", type=int, default=128)
+    ap.add_argument("--per-class", type=int, default=4, help="prompts per class (code, prose, edit)")
+    ap.add_argument("--temps", default="0,0.8")
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("-c", "--n-ctx", type=int, default=2048)
+    ap.add_argument("--seed", type=int, default=42)
+    ap.add_argument("--native", choices=("auto", "build", "off"), default="build")
+    ap.add_argument("--json", default=None, metavar="FILE")
+    ap.add_argument("--quick", action="store_true", help="smoke: small models, 1 prompt per class, 32 tokens, "
+                    "a few fixed arms, native only if built")
+    a = ap.parse_args(argv)
+    a.fixed = [*FIXED_DRAFT, *FIXED_NGRAM, *FIXED_CHAIN, *FIXED_TREE]
+    if a.quick:
+        a.target = a.drafter = "smollm2-135m" if a.target == DEFAULT_TARGET else a.target
+        a.per_class, a.n_tokens, a.native = 1, 32, "auto" if a.native == "build" else a.native
+        a.fixed = ["draft-simple:3", "ngram-simple", "ngram-simple,draft-simple", "tree:2,1,1"]
+    a.temp_list = [float(x) for x in a.temps.split(",")]
+    return a
+
+
+def main(argv: list[str] | None = None) -> int:
+    a = parse_args(argv)
+    info = machine_info()
+    print(f"# {info['cpu']}, {info['cores']} cores; {loadavg()}", file=sys.stderr)
+    tool = native_tool(a.native)
+    arms = Arms(a)
+    print(f"# {arms.target_path.name} <- {arms.draft_path.name}; arms: {', '.join(arms.gens)}"
+          f"{', native' if tool else ''}; {a.n_tokens} tokens, -t {a.threads}", file=sys.stderr)
+    arms.run("auto", "def f(x):", 0.0, 8, 1)   # warm-up (kernels, the first prefill)
+    recs = []
+    try:
+        for temp in a.temp_list:
+            for i, (cls, text) in enumerate(prompts(a.per_class)):
+                recs.append(run_prompt(arms, tool, a, cls, text, temp, a.seed + i))
+        ctl = arms.gens["auto"].controller
+        summary = ctl.describe() if ctl is not None else ""
+    finally:
+        arms.close()
+    out = {"machine": info, "args": {k: v for k, v in vars(a).items() if k != "temp_list"}, "prompts": recs}
+    print("\nmedian / min over prompts:")
+    for key in ("auto_plain", "auto_oracle", "auto_native"):
+        vals = [r[key] for r in recs if key in r]
+        if vals:
+            out[key] = {"median": statistics.median(vals), "min": min(vals)}
+            print(f"  {key.replace('_', ' / ')}: median {statistics.median(vals):.3f}, min {min(vals):.3f}")
+    print(f"  {summary}")
+    print(f"  (native: {'llama-speculative-simple defaults' if tool else 'not run'}; "
+          f"command: {shlex.join(['llama-speculative-simple', '-m', 'T', '-md', 'D', '-p', 'PROMPT'])} ...)")
+    write_json(a.json, out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,208 @@
+"""The speculation controller (generation/controller.py, cost_model.py) on synthetic costs.
+
+A simulated loop feeds the controller exactly what the step core measures (draft seconds,
+decode seconds, post seconds, kept drafts) from known cost functions and acceptance rates, so
+each decision is deterministic and its throughput can be compared with the best fixed option.
+The end-to-end tests with models are in tests/test_controller_loop.py.
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from llama_spec.drafters.base import Drafter, Proposal
+from llama_spec.generation.controller import SpecController, band_of, make_controller, run_plan
+from llama_spec.generation.cost_model import CostModel
+
+
+def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=0, costly=None,
+             names=None, propose=None):
+    """`steps` steps of one sequence (priced as one of n_seqs alike). cost(N): seconds of a decode
+    of N rows; accept[name]: keep probability per draft; draft_s[name]: seconds per drafted token;
+    propose[name]: the probability the member has a draft at all (cheap members). Returns (tokens,
+    seconds, choices) with choices[i] = (member name or None, k)."""
+    rng = np.random.default_rng(seed)
+    names = names or ["d"]
+    costly = costly if costly is not None else [True] * len(names)
+    draft_s = draft_s or {}
+    propose = propose or {}
+    ctl.attach(0, names, costly)
+    tokens, seconds, choices, hist = 0, 0.0, [], 100
+    for _ in range(steps):
+        plan = ctl.plan(0, k_cap, "greedy", n_seqs, hist)
+        held, t_draft = 0, 0.0
+        while (ask := plan.next_ask()) is not None:
+            m, cap = ask
+            name = names[m]
+            n = cap if rng.random() < propose.get(name, 1.0) else 0
+            dt = draft_s.get(name, 0.0) * (n + 1 if costly[m] else 1)
+            t_draft += dt
+            plan.drafted(m, n, dt)
+            held = n
+        k = plan.finish(held)
+        rows = n_seqs * (k + 1)
+        t = cost(rows)
+        ctl.decoded(rows, n_seqs, t)
+        kept = 0
+        who = plan.member_name
+        while kept < k and rng.random() < accept.get(who, 0.0):
+            kept += 1
+        ctl.verified(0, kept, k + 1, 0.0)
+        tokens += kept + 1
+        seconds += t / n_seqs + t_draft
+        choices.append((who, k))
+        hist += kept + 1
+    return tokens, seconds, choices
+
+
+def line(a, b):
+    return lambda n: a + b * n
+
+
+def test_a_costly_drafter_whose_drafts_are_rarely_kept_loses_to_plain():
+    ctl = SpecController()
+    cost = line(0.030, 0.006)
+    tok, sec, ch = simulate(ctl, 600, cost=cost, accept={"d": 0.1}, draft_s={"d": 0.018})
+    late = ch[200:]
+    assert sum(w is None for w, _ in late) / len(late) > 0.93
+    plain_rate = 1 / cost(1)
+    assert tok / sec > 0.95 * plain_rate    # exploration and the cold start cost < 5 %
+
+
+def test_cheap_well_accepted_drafts_are_verified_at_a_sensible_length():
+    ctl = SpecController()
+    cost = line(0.030, 0.004)      # n = 6 costs 1.6x n = 1: long drafts pay at 90 % kept
+    tok, sec, ch = simulate(ctl, 400, cost=cost, accept={"d": 0.9}, costly=[False], k_cap=8)
+    late = [k for _, k in ch[100:]]
+    assert np.median(late) >= 5
+    assert tok / sec > 2.0 / cost(1)
+
+
+def test_a_costly_drafter_that_pays_is_used_and_its_length_is_the_best_fixed_one():
+    ctl = SpecController()
+    cost = line(0.030, 0.004)
+    acc, d = 0.8, 0.003            # a cheap draft model: 0.1 of a target step per token
+    _, _, ch = simulate(ctl, 500, cost=cost, accept={"d": acc}, draft_s={"d": d}, k_cap=6)
+    late = ch[200:]
+    assert sum(w == "d" for w, _ in late) / len(late) > 0.9
+
+    def fixed_rate(k):
+        e = 1 + sum(acc ** i for i in range(1, k + 1))
+        return e / (cost(k + 1) + d * (k + 1))
+    best = max(range(1, 7), key=fixed_rate)
+    ks = [k for w, k in late if w == "d"]
+    assert abs(float(np.median(ks)) - best) <= 1, (best, np.bincount(ks))
+
+
+def test_in_a_batch_the_price_is_b_times_k_plus_1_rows_against_b_plain_rows():
+    cost = line(0.020, 0.010)     # steep in rows: a batch of 8 pays for every extra row
+    solo, batch = SpecController(), SpecController()
+    _, _, ch1 = simulate(solo, 400, cost=cost, accept={"d": 0.5}, costly=[False], k_cap=4, n_seqs=1)
+    _, _, ch8 = simulate(batch, 400, cost=cost, accept={"d": 0.5}, costly=[False], k_cap=4, n_seqs=8)
+    k1 = [k for _, k in ch1[150:]]
+    k8 = [k for _, k in ch8[150:]]
+    # B = 1: k = 1 (1.5 / 0.04 = 37.5 t/s) beats plain (33); B = 8: plain (80) beats k = 1 (67)
+    assert np.bincount(k1, minlength=5)[1] / len(k1) > 0.8
+    assert np.bincount(k8, minlength=5)[0] / len(k8) > 0.8
+
+
+def test_exploration_of_a_loser_is_rare_and_rarer_the_clearer_it_loses():
+    def share(d_s):
+        ctl = SpecController()
+        _, _, ch = simulate(ctl, 2000, cost=line(0.03, 0.006), accept={"d": 0.3}, draft_s={"d": d_s})
+        return sum(w == "d" for w, _ in ch[300:]) / 1700
+    mild, clear = share(0.006), share(0.05)
+    assert 0 < clear < mild < 0.2, (mild, clear)
+
+
+def test_chain_asks_the_cheap_member_first_and_the_model_only_where_it_pays():
+    ctl = SpecController()
+    cost = line(0.030, 0.004)
+    # ngram proposes 50 % of the time (kept 90 %); the model costs a lot and is kept 30 %
+    _, _, ch = simulate(ctl, 800, cost=cost, names=["ngram", "model"], costly=[False, True],
+                        accept={"ngram": 0.9, "model": 0.3}, draft_s={"model": 0.02}, propose={"ngram": 0.5})
+    late = ch[300:]
+    who = [w for w, _ in late]
+    assert who.count("ngram") / len(late) > 0.4
+    assert who.count("model") / len(late) < 0.08    # explored only
+    assert who.count(None) / len(late) > 0.4        # the rest is plain, not the costly model
+
+
+def test_sweep_tries_every_option_in_turn():
+    ctl = SpecController(sweep=[(None, 0), (0, 1), (0, 3)])
+    _, _, ch = simulate(ctl, 6, cost=line(0.03, 0.004), accept={"d": 1.0}, draft_s={"d": 0.001})
+    assert ch == [(None, 0), ("d", 1), ("d", 3)] * 2
+
+
+class Recorder(Drafter):
+    """Two members; records what the controller tells it."""
+
+    def __init__(self, n_cheap: int) -> None:
+        self.n_cheap, self.calls, self.cuts = n_cheap, [], []
+
+    def members(self):
+        return (self, self)
+
+    def member_names(self):
+        return ["cheap", "model"]
+
+    def draft_member(self, i, history, n_max, p_min):
+        self.calls.append((i, n_max))
+        n = self.n_cheap if i == 0 else n_max
+        return Proposal(tokens=[5] * n, q_ids=None, q_probs=None)
+
+    def truncated(self, k):
+        self.cuts.append(k)
+
+
+def test_run_plan_drops_a_cheap_draft_for_the_model_and_reports_cuts():
+    ctl = SpecController(min_turns=1)
+    ctl.attach(0, ["cheap", "model"], [False, True])
+    d = Recorder(n_cheap=2)
+    # cold start: the model must be tried (min_turns), so the cheap draft is dropped (truncated(0))
+    prop = run_plan(ctl.plan(0, 4, "greedy", 1, 10), d, [1, 2, 3], 0.0)
+    assert d.calls == [(0, 4), (1, 4)] and d.cuts == [0] and len(prop) == 4
+
+
+def test_cost_model_cells_blend_with_the_line_and_stay_monotone():
+    m = CostModel(decay=1.0)
+    assert np.isnan(m.verify_cost(np.array([1, 2]), 1)).all()
+    for _ in range(10):
+        m.record_decode(1, 1, 0.030)
+        m.record_decode(4, 1, 0.050)
+    c = m.verify_cost(np.arange(1, 9), 1)
+    assert c[0] == pytest.approx(0.030, rel=1e-3) and c[3] == pytest.approx(0.050, rel=1e-3)
+    assert (np.diff(c) >= 0).all()
+    assert c[7] == pytest.approx(0.030 + (0.020 / 3) * 7, rel=1e-3)     # the line beyond the cells
+    m.record_draft("d", 3, 1, 0.04)
+    m.record_draft("d", 1, 1, 0.02)
+    assert m.draft_cost("d", np.array([1, 3])) == pytest.approx([0.02, 0.04], rel=0.05)
+
+
+def test_saved_model_round_trips_as_a_light_prior(tmp_path):
+    ctl = SpecController()
+    simulate(ctl, 100, cost=line(0.03, 0.004), accept={"d": 0.7}, draft_s={"d": 0.003})
+    path = tmp_path / "cost.json"
+    ctl.save(path)
+    json.loads(path.read_text())
+    again = SpecController(cost_model=path)
+    again.attach(0, ["d"], [True])
+    np.testing.assert_allclose(again.step_cost(3, 1), ctl.step_cost(3, 1), rtol=0.05)
+    assert again.survival("d", "greedy", False, 2)[0] == pytest.approx(ctl.survival("d", "greedy", False, 2)[0],
+                                                                       abs=0.1)
+    with pytest.raises(ValueError, match="tune"):
+        SpecController(cost_model={"x": 1})
+
+
+def test_switches_and_bands(monkeypatch):
+    monkeypatch.delenv("LLAMA_SPEC_AUTO", raising=False)
+    assert make_controller(None) is not None and make_controller(False) is None
+    monkeypatch.setenv("LLAMA_SPEC_AUTO", "0")
+    assert make_controller(None) is None and make_controller(True) is not None
+    with pytest.raises(ValueError, match="auto=False"):
+        make_controller(False, {"cost": {}})
+    assert band_of(True, 0.8, "token") == "greedy"
+    assert band_of(False, 0.8, "token") != band_of(False, 0.2, "token") != band_of(False, 0.2, "exact-match")
