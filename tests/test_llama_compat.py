@@ -1,12 +1,16 @@
 """``llama_spec.Llama``: llama-cpp-python 0.3.x's high-level API over llama-spec (issue 26).
 
 1. llama-cpp-python's README examples (completion, chat, streaming, JSON schema), adapted only
-   in the model path, return the same keys and types.
+   in the model path, return the same keys and types: checked here, and, with llama-cpp-python
+   0.3.36 installed, run verbatim under both bindings with equal key/type shapes.
 2. Greedy ``create_completion`` text equals llama-cpp-python 0.3.36's on 3 prompts x 2 models
-   (skipped unless its venv exists: scripts/bench_bindings.py builds /tmp/lcp-venv).
+   (skipped unless its venv exists: scripts/bench_bindings.py's ensure_venv builds /tmp/lcp-venv;
+   $LLAMA_SPEC_LCP_VENV points elsewhere).
 3. A draft model at temperature 0.8 reports the rejection rule's statistics, and the first two
    tokens keep the target's distribution (the loop-level test of tests/test_distribution.py).
-4. Every keyword of llama-cpp-python's ``Llama.__init__`` is supported or refused by name.
+4. Every keyword of llama-cpp-python's ``Llama.__init__`` is supported or refused by name (the
+   list is checked against the installed llama-cpp-python's signature, with the call signatures
+   and defaults, when its venv exists).
 5. A ``LlamaDraftModel``-style callable drafter: exact-match verifications, output equal to
    plain decoding (greedy, and sampled with the same seed: invariant 4).
 """
