@@ -22,3 +22,23 @@ def env_flag(name: str, default: bool) -> bool:
     if v in _FALSE:
         return False
     raise ValueError(f"environment variable {name}={raw!r}: expected one of {'/'.join(_TRUE + _FALSE)}")
+
+
+ENV_THREADS = "LLAMA_SPEC_THREADS"
+
+
+def default_threads() -> int:
+    """llama-spec's default thread count: $LLAMA_SPEC_THREADS (a positive integer), else every core.
+
+    The variable lets several processes share the cores without oversubscribing them (llama.cpp's
+    threads spin while they wait: two 2-thread processes on 2 cores run many times slower)."""
+    raw = os.environ.get(ENV_THREADS, "").strip()
+    if raw:
+        try:
+            n = int(raw)
+        except ValueError:
+            n = 0
+        if n <= 0:
+            raise ValueError(f"environment variable {ENV_THREADS}={raw!r}: expected a positive integer")
+        return n
+    return max(1, os.cpu_count() or 1)

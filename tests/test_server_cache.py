@@ -15,6 +15,7 @@ openai = pytest.importorskip("openai")
 from test_server import API_KEY, N_CTX, THREADS, _Server, _stream_some  # noqa: E402
 
 SYSTEM = "You review Python code. Be brief. " * 12
+EXACT = {"flash_attn": "off"}   # with repack off: every batch shape rounds alike (tests/test_prompt_cache.py)
 
 
 def _engine(model, n_parallel: int, cache_ram: float):
@@ -23,10 +24,27 @@ def _engine(model, n_parallel: int, cache_ram: float):
     from llama_spec.server import ServerEngine
 
     def make_batch():
-        return BatchGenerator(model, lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS),
-                              n_parallel=n_parallel, n_ctx=N_CTX, n_threads=THREADS, n_max=3, cache_ram=cache_ram)
+        return BatchGenerator(model, lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS, flash_attn="off"),
+                              n_parallel=n_parallel, n_ctx=N_CTX, n_threads=THREADS, n_max=3, cache_ram=cache_ram,
+                              context_options=EXACT)
 
     return ServerEngine(make_batch, max_queue=64)
+
+
+@pytest.fixture(scope="module")
+def solo(smollm):
+    """The reference: the same pair alone, every prompt decoded whole."""
+    from llama_spec import SamplerParams, SpeculativeGenerator
+    from llama_spec.drafters.draft_model import DraftModelDrafter
+
+    gen = SpeculativeGenerator(smollm, DraftModelDrafter(smollm, n_ctx=N_CTX, n_threads=THREADS, flash_attn="off"),
+                               n_ctx=N_CTX, n_threads=THREADS, n_max=3, context_options=EXACT)
+
+    def run(prompt, n: int):
+        return gen.generate(prompt, sampling=SamplerParams(temp=0.0), n_predict=n, cache_prompt=False)
+
+    yield run
+    gen.close()
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +97,8 @@ def test_ram_cache_stays_inside_its_limit(cached_server):
 
 def test_clients_sharing_a_prompt_with_disconnects_lose_nothing(smollm, solo):
     """12 clients over 4 slots, one system prompt; 4 go away mid-stream. Every finished answer
-    equals its solo run (greedy), so no one got another's cells."""
+    equals its solo run with the whole prompt decoded (greedy, flash attention off: bitwise), so
+    no one got another's cells."""
     s = _Server(smollm, api_key=API_KEY, engine=_engine(smollm, 4, 32))
     try:
         c = s.client()

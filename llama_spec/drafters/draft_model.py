@@ -17,6 +17,7 @@ from ..kernels.tree_shape import build_tree
 from ..llama.context import Context
 from ..llama.model import Model
 from ..llama.sampling import SamplerParams
+from ..types import FlashAttn
 from .base import Drafter, DraftGroup, Proposal, TargetRows
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng
@@ -36,7 +37,7 @@ class DraftModelDrafter(Drafter):
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  sample: bool = True, seed: int = 0, n_max: int | None = None, context: Context | None = None,
-                 seq_id: int = 0, observe_batches: bool = True) -> None:
+                 seq_id: int = 0, observe_batches: bool = True, flash_attn: FlashAttn = "auto") -> None:
         # n_max: this drafter's own draft cap (llama.cpp's --spec-draft-n-max inside a chain whose
         # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only.
         # context/seq_id: draft in sequence seq_id of a context owned elsewhere (SharedDraftModel,
@@ -49,14 +50,14 @@ class DraftModelDrafter(Drafter):
         self.model = model
         self.vocab_size = model.n_vocab
         self._owns_ctx = context is None
-        self.ctx = Context(model, n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads) if context is None else context
+        self._ctx_args = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn)
+        self.ctx = Context(model, **self._ctx_args) if context is None else context  # type: ignore[arg-type]
         self.seq_id = int(seq_id)
         self.observe_batches = bool(observe_batches)
         self.mirror = MirrorSampler(model.n_vocab, model, seed)
         self.sample_drafts = sample
         self.collect_topk = False
         self._kv: list[int] = []     # the tokens in seq_id's KV cells, position by position
-        self._ctx_args = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads)
         self._tree_rng = new_tree_rng(seed)
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
@@ -107,7 +108,7 @@ class DraftModelDrafter(Drafter):
     def save_prefix(self) -> bytes | None:
         """The KV's tokens (int64 count, int32 ids) and its sequence state."""
         toks = np.asarray(self._kv, dtype=np.int32)
-        return struct.pack("<q", len(toks)) + toks.tobytes() + self.ctx.save_seq_state(self.seq_id)
+        return struct.pack("<q", len(toks)) + toks.tobytes() + self.ctx.save_state(self.seq_id)
 
     def load_prefix(self, data: bytes | None) -> None:
         self.ctx.seq_rm(self.seq_id, -1, -1)
@@ -115,7 +116,7 @@ class DraftModelDrafter(Drafter):
         if data is None:
             return
         (n,) = struct.unpack_from("<q", data)
-        self.ctx.load_seq_state(data[8 + 4 * n:], self.seq_id)
+        self.ctx.load_state(data[8 + 4 * n:], self.seq_id)
         self._kv = np.frombuffer(data, dtype=np.int32, count=n, offset=8).tolist()
 
     def sync_plan(self, history: list[int]) -> tuple[int, list[int]]:

@@ -85,7 +85,7 @@ class MtpDrafter(Drafter):
         """The cells' tokens (int64 count, int32 ids), their target rows (float32) and the MTP state."""
         n = len(self._toks)
         return (struct.pack("<q", n) + np.asarray(self._toks, dtype=np.int32).tobytes()
-                + np.ascontiguousarray(self._h[:n]).tobytes() + self.ctx.save_seq_state(0))
+                + np.ascontiguousarray(self._h[:n]).tobytes() + self.ctx.save_state(0))
 
     def load_prefix(self, data: bytes | None) -> None:
         self.begin([])
@@ -94,7 +94,7 @@ class MtpDrafter(Drafter):
         (n,) = struct.unpack_from("<q", data)
         off = 8 + 4 * n
         rows = np.frombuffer(data, dtype=np.float32, count=n * self.n_embd, offset=off).reshape(n, self.n_embd)
-        self.ctx.load_seq_state(data[off + rows.nbytes:], 0)
+        self.ctx.load_state(data[off + rows.nbytes:], 0)
         self._toks = np.frombuffer(data, dtype=np.int32, count=n, offset=8).tolist()
         self._h = rows.copy()
 

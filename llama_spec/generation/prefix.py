@@ -82,12 +82,12 @@ class PrefixReuse:
             return self._cut(slot, n_own)
         if isinstance(load, tuple):
             src, _ = load
-            target = self.ctx.save_seq_state(src.base)
+            target = self.ctx.save_state(src.base)
             drafted = src.drafter.save_prefix() if src.drafter is not None else None
         else:
             target, drafted = load.target, load.drafter
         self._clear(slot)
-        self.ctx.load_seq_state(target, slot.base)
+        self.ctx.load_state(target, slot.base)
         if slot.drafter is not None:
             slot.drafter.load_prefix(drafted)
         return self._cut(slot, best)
@@ -121,4 +121,4 @@ class PrefixReuse:
         if self.cache is None or len(toks) == 0 or self.ctx.pos_max(slot.base) != len(toks) - 1:
             return
         drafted = slot.drafter.save_prefix() if slot.drafter is not None else None
-        self.cache.put(toks, self.ctx.save_seq_state(slot.base), drafted, self.recurrent)
+        self.cache.put(toks, self.ctx.save_state(slot.base), drafted, self.recurrent)

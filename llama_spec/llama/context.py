@@ -17,7 +17,6 @@ first one on (llama.cpp itself drops only the ubatch it stopped in).
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 from .. import rpc as _rpc
 from .._ffi import clear_recent_errors, ffi, lib, recent_errors
 from .._handle import NativeHandle
+from ..env import ENV_THREADS, default_threads  # noqa: F401 (re-exported: their old home)
 from ..errors import ContextError, DecodeError
 from ..types import FlashAttn, OutputsSpec
 from .model import Model
@@ -48,26 +48,6 @@ KV_CACHE_TYPES = {
 }
 _MAX_THREADS = 1024  # llama.cpp aborts (std::bad_alloc) on absurd thread counts: refuse them here
 _MAX_CTX = 1 << 24   # 16M tokens: beyond any model here; larger values only fail inside llama.cpp
-
-
-ENV_THREADS = "LLAMA_SPEC_THREADS"
-
-
-def default_threads() -> int:
-    """llama-spec's default thread count: $LLAMA_SPEC_THREADS (a positive integer), else every core.
-
-    The variable lets several processes share the cores without oversubscribing them (llama.cpp's
-    threads spin while they wait: two 2-thread processes on 2 cores run many times slower)."""
-    raw = os.environ.get(ENV_THREADS, "").strip()
-    if raw:
-        try:
-            n = int(raw)
-        except ValueError:
-            n = 0
-        if n <= 0:
-            raise ValueError(f"environment variable {ENV_THREADS}={raw!r}: expected a positive integer")
-        return n
-    return max(1, os.cpu_count() or 1)
 
 
 _SIGNALS = threading.local()  # .pending: an exception a signal handler raised during this thread's decode
@@ -558,33 +538,27 @@ class Context(NativeHandle):
         lib.llama_memory_clear(self._memory, True)
 
     # -- state ------------------------------------------------------------------------------
-    def save_state(self) -> bytes:
-        """The whole context state (memory, outputs) as bytes."""
-        n = lib.llama_state_get_size(self.ptr)
+    def save_state(self, seq_id: int | None = None) -> bytes:
+        """The whole context state (memory, outputs) as bytes; seq_id: that sequence's memory only."""
+        one = seq_id is not None
+        n = lib.llama_state_seq_get_size(self.ptr, seq_id) if one else lib.llama_state_get_size(self.ptr)
         buf = ffi.new("uint8_t[]", n)
-        got = lib.llama_state_get_data(self.ptr, buf, n)
+        got = lib.llama_state_seq_get_data(self.ptr, buf, n, seq_id) if one else lib.llama_state_get_data(self.ptr, buf, n)
         return bytes(ffi.buffer(buf, got))
 
-    def load_state(self, data: bytes) -> None:
-        got = lib.llama_state_set_data(self.ptr, ffi.from_buffer(data), len(data))
-        if got != len(data):
-            raise ContextError(f"state load consumed {got} of {len(data)} bytes")
-        self.n_outputs = 0
-
-    def save_seq_state(self, seq_id: int) -> bytes:
-        """One sequence's memory (its KV cells and recurrent state) as bytes."""
-        n = lib.llama_state_seq_get_size(self.ptr, seq_id)
-        buf = ffi.new("uint8_t[]", n)
-        got = lib.llama_state_seq_get_data(self.ptr, buf, n, seq_id)
-        return bytes(ffi.buffer(buf, got))
-
-    def load_seq_state(self, data: bytes, seq_id: int) -> None:
-        """Replace `seq_id`'s memory by a state from :meth:`save_seq_state` (of this model's contexts)."""
-        self.seq_rm(seq_id, -1, -1)
-        got = lib.llama_state_seq_set_data(self.ptr, ffi.from_buffer(data), len(data), seq_id)
-        if got != len(data):
+    def load_state(self, data: bytes, seq_id: int | None = None) -> None:
+        """Load a state from :meth:`save_state` (seq_id: into that sequence, replacing its memory)."""
+        if seq_id is not None:
             self.seq_rm(seq_id, -1, -1)
-            raise ContextError(f"sequence state load consumed {got} of {len(data)} bytes (seq {seq_id})")
+        src = ffi.from_buffer(data)
+        got = (lib.llama_state_seq_set_data(self.ptr, src, len(data), seq_id) if seq_id is not None
+               else lib.llama_state_set_data(self.ptr, src, len(data)))
+        if got != len(data):
+            if seq_id is not None:
+                self.seq_rm(seq_id, -1, -1)
+            raise ContextError(f"state load consumed {got} of {len(data)} bytes (seq {seq_id})")
+        if seq_id is None:
+            self.n_outputs = 0
 
 
 class MtpContext(Context):
