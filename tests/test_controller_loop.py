@@ -70,51 +70,56 @@ def test_a_decision_that_depends_on_the_emitted_token_keeps_the_distribution(syn
 
 
 class Verifications(Observer):
+    """(position of the verification, drafts, kept) of every verification that carried drafts."""
+
     def __init__(self) -> None:
-        self.rows: list[tuple[int, int]] = []
+        self.positions: list[tuple[int, int, int]] = []
 
     def on_verify(self, v) -> None:
-        self.rows.append((len(v.proposal), v.n_accepted))
+        if len(v.proposal):
+            self.positions.append((v.emitted_index, len(v.proposal), v.n_accepted))
 
 
-N_PLAIN = 200  # the issue's 500 takes 3x as long here; a stale drafter fails at 200 as at 500
+N_PLAIN = 120  # the issue's 500 takes 4x as long here; a stale drafter fails at 120 as at 500
+N_DRAFT = 16
 PROMPT = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\ndef"
 
 
 @pytest.mark.parametrize("kind", ["draft-simple", "ngram-map-k", "ngram-mod"])
 def test_a_drafter_resumed_after_many_plain_steps_accepts_as_before(smollm, kind):
-    """Draft 30 steps, then N_PLAIN plain steps (no draft: its KV / index is not fed), then draft
-    30 again: acceptance after the rest matches a drafter that never sat out."""
+    """Draft N_DRAFT steps, then N_PLAIN plain steps (no draft: its KV / index is not fed), then
+    draft N_DRAFT again: acceptance after the rest matches a drafter that never sat out, on the
+    same text (greedy: the same tokens)."""
     def make():
         if kind == "draft-simple":
             return DraftModelDrafter(smollm, n_ctx=1024)
         return build_ngram_drafter(kind, size_n=2, size_m=8) if kind == "ngram-map-k" else build_ngram_drafter(
             kind, n_match=4, n_min=2, n_max=8)
 
-    def run(sweep):
+    def run(sweep, n_predict):
         gen = SpeculativeGenerator(smollm, make(), n_ctx=1024, n_max=3, auto=True)
         gen.controller.sweep = sweep
         rec = Verifications()
-        r = gen.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=len(sweep) * 2, ignore_eos=True,
+        r = gen.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=n_predict, ignore_eos=True,
                          observers=[rec])
         gen.close()
-        return r.tokens, [x for x in rec.rows if x[0] > 0]
+        return r.tokens, rec.positions
 
-    draft = [(0, 3)] * 30
-    rested_tokens, rested = run(draft + [(None, 0)] * N_PLAIN + draft)
-    steady_tokens, steady = run(draft * (2 + N_PLAIN // 30))
-    n = min(len(rested_tokens), len(steady_tokens))
-    assert rested_tokens[:n] == steady_tokens[:n]          # greedy: drafts change speed only
-    before, after = rested[:30], rested[30:]
-    assert len(after) >= 20
+    draft = [(0, 3)] * N_DRAFT
+    rested_tokens, rested = run(draft + [(None, 0)] * N_PLAIN + draft + [(None, 0)] * 1000, 8 * N_DRAFT + N_PLAIN)
+    steady_tokens, steady = run(draft, len(rested_tokens))
+    assert rested_tokens == steady_tokens          # greedy: drafts change speed only
+    first = min(pos for pos, _, _ in rested)
+    resumed = [x for x in rested if x[0] > first + N_PLAIN]    # the drafts after the rest
+    assert len(resumed) >= N_DRAFT // 2
 
-    def rate(rows):
-        return sum(a for _, a in rows) / max(1, sum(d for d, _ in rows))
-    # the same stretch of text, drafted by a drafter that never sat out
-    tail = steady[-len(after):]
-    assert rate(after) >= rate(tail) - 0.1, (rate(before), rate(after), rate(tail))
+    def kept(rows):   # kept drafts per verification (ngram-map-k adapts its lengths: not per draft)
+        return sum(a for _, _, a in rows) / max(1, len(rows))
+    span = (resumed[0][0], resumed[-1][0])
+    same = [x for x in steady if span[0] - 4 <= x[0] <= span[1]]     # the never-rested drafter, same text
+    assert kept(resumed) >= 0.8 * kept(same), (kept(resumed), kept(same), kept(rested[:N_DRAFT]))
     if kind == "draft-simple":   # the model drafts for itself: every draft is kept when in sync
-        assert rate(before) > 0.9 and rate(after) > 0.9, (rate(before), rate(after))
+        assert kept(rested[:N_DRAFT]) > 2.7 and kept(resumed) > 2.7, (kept(rested[:N_DRAFT]), kept(resumed))
 
 
 def test_auto_off_repeats_a_seeded_run_and_decides_nothing(smollm):
