@@ -11,7 +11,7 @@ ChatML chat format) and temperature, every arm runs twice, in the order A B .. Z
 * the fixed configurations of the sweep (auto off): draft-simple n-max 1..5, ngram-simple,
   ngram-map-k, ngram-mod, the chains ngram-simple,draft-simple and ngram-mod,draft-simple, trees
   (2,1,1) and (2,2,1) of draft-simple;
-* native: ``llama-speculative-simple -m T -md D`` at its defaults (built like scripts/bench_native.py;
+* native: ``llama-speculative-simple -m T -md D --spec-type draft-simple`` at its defaults (built like scripts/bench_native.py;
   ``--native off`` skips it, ``auto`` uses it only when it is built already).
 
 Reported per prompt: decode t/s of each arm (median of its two runs), auto / plain, auto / oracle
@@ -122,7 +122,8 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
     cmd = None
     if tool:
         cmd = [str(tool), "-m", str(arms.target_path), "-md", str(arms.draft_path), "-p", text, "-n", str(a.n_tokens),
-               "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads), "-c", str(a.n_ctx)]
+               "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads), "-c", str(a.n_ctx),
+               "--spec-type", "draft-simple"]   # (the tool needs the type named; every other knob: its default)
     for arm in order + order[::-1]:
         tps = run_native(cmd, text)["tps"] if arm == "native" and cmd else arms.run(arm, text, temp, a.n_tokens, seed)
         runs[arm].append(tps)

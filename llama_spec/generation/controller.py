@@ -21,11 +21,15 @@ Words (docs/design.md's, and these):
 - After drafting (the draft's cost is then spent), the proposal is cut to its best prefix
   k in 0 .. len (0 = plain after all) by the same rate with D the seconds the draft took.
 
-Exploration (as the chain gate, chain_gate.py): each costly member and plain get ``min_turns``
-turns first (costly members first, at the full length); then the best arm is chosen, and an arm
-that was not chosen for ``explore_every x min(max_stretch, (best rate / its rate)^2)`` steps is
-chosen once, so it stays measured, the clearer the loser the rarer. Lengths are explored the same
-way: k_best + 1 instead of k_best.
+Exploration: each costly member and plain get ``min_turns`` turns first (costly members first, at
+the full length); then the best option is chosen, and a losing one is tried once (so it stays
+measured) when the time since it last ran, times ``explore_budget``, covers what trying it is
+predicted to lose: its seconds minus its tokens at the best rate, plus the lazy sync of the tokens
+it missed. So at most about ``explore_budget`` of the time goes to exploring, and the clearer the
+loser the rarer it is tried. (The chain gate's rule, every ``16 x (rate ratio)^2`` steps, cost 18 %
+here: one try of a 0.5B-class draft after a plain stretch costs several plain steps.) Lengths are
+explored the same way: k_best + 1 instead of k_best. Two tries of one option are at least
+``explore_every`` steps apart.
 
 Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
 no draft is a verification without drafts); a decision uses only what happened before it, so the
@@ -93,6 +97,9 @@ class _Slot:
     turns: dict[int, int] = field(default_factory=dict)       # arm -> steps it was asked (plain: ran)
     since: dict[int, int] = field(default_factory=dict)       # arm -> steps since it last ran
     len_since: dict[int, int] = field(default_factory=dict)   # member -> cuts since a longer one was tried
+    clock: float = 0.0                                        # predicted seconds of its steps so far
+    ran_at: dict[int, float] = field(default_factory=dict)    # arm -> clock when it last ran
+    len_at: dict[int, float] = field(default_factory=dict)    # member -> clock at its last longer cut
     last_drafted: dict[int, int] = field(default_factory=dict)  # member -> history length at its last draft
     last_full: bool = False
     sweep_i: int = 0
@@ -106,9 +113,10 @@ class Plan:
         self.ctl, self.st, self.band, self.hist_len = ctl, st, band, hist_len
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
-        self.v = ctl.step_cost(k_cap, self.n_seqs)   # T without drafting, per n_rows 1 .. k_cap + 1
+        # T without drafting, per n_rows 1 .. : as far as a decision needs (``vs``)
+        self.v = ctl.step_cost(min(k_cap, 8), self.n_seqs)
         self.member: int | None = None              # whose proposal is held
-        self.n_held, self.sunk = 0, 0.0
+        self.n_held, self.sunk, self.spent = 0, 0.0, 0.0   # drafts held, their seconds, all draft seconds
         self.explored = False
         self.k = 0
         self._asks: list[tuple[int, int]] = []
@@ -138,36 +146,57 @@ class Plan:
             a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
             self.explored = True
             return a, (self.k_cap if a != PLAIN else 0), 0.0
-        best: dict[int, tuple[int, float]] = {PLAIN: (0, 1.0 / self.v[0])}
+        best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
         for m in arms[:-1]:
-            r = self.rates(m, self.k_cap, None)
-            if r is not None:
-                k = int(np.argmax(r[1:])) + 1
-                best[m] = (k, float(r[k]))
+            o = self.options(m, self.k_cap, None)
+            if o is not None:
+                e, t = o
+                k = int(np.argmax(e[1:] / t[1:])) + 1
+                best[m] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
         top = max(best, key=lambda a: best[a][1])
         hi = best[top][1]
         for a in arms:
-            if a == top or a not in best:
+            if a == top or a not in best or st.since.get(a, 0) < ctl.explore_every:
                 continue
-            if st.since.get(a, 0) >= ctl.interval(hi, best[a][1]):
+            k, rate, e_a, t_a = best[a]
+            loss = t_a - e_a / hi + (self._resync(a, k) if a != PLAIN else 0.0)
+            if (st.clock - st.ran_at.get(a, 0.0)) * ctl.explore_budget >= loss:
                 self.explored = True
-                return a, best[a][0], best[a][1]
+                return a, k, rate
         return top, best[top][0], hi
 
-    def rates(self, m: int, n: int, sunk: float | None) -> np.ndarray | None:
-        """Predicted rates of member m's options k = 0 .. n (index k); sunk: the draft already paid
-        (None: predict its cost). None when m's draft cost was never measured."""
+    def _resync(self, m: int, k: int) -> float:
+        """Predicted seconds of member m's lazy sync of the tokens it missed, beyond one."""
+        last = self.st.last_drafted.get(m)
+        gap = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
+        name, ks = self.st.names[m], np.array([k])
+        far, near = self.ctl.cost.draft_cost(name, ks, gap), self.ctl.cost.draft_cost(name, ks, 1)
+        return 0.0 if far is None or near is None else max(0.0, float(far[0] - near[0]))
+
+    def options(self, m: int, n: int, sunk: float | None) -> tuple[np.ndarray, np.ndarray] | None:
+        """(expected tokens, seconds) of member m's options k = 0 .. n (index k); sunk: the draft
+        already paid (None: predict its cost). None when m's draft cost was never measured."""
         ctl = self.ctl
-        ks = np.arange(0, n + 1)
         e = np.concatenate([[1.0], 1.0 + np.cumsum(ctl.survival(self.st.names[m], self.band, self.full, n))])
         if sunk is None:
-            d = ctl.cost.draft_cost(self.st.names[m], ks)
+            d = ctl.cost.draft_cost(self.st.names[m], np.arange(0, n + 1))
             if d is None:
                 return None
             d[0] = 0.0   # k = 0: nothing drafted
         else:
             d = np.full(n + 1, sunk)
-        return np.asarray(e / np.maximum(self.v[: n + 1] + d, 1e-9), dtype=np.float64)
+        return e, np.maximum(self.vs(n) + d, 1e-9)
+
+    def vs(self, n: int) -> np.ndarray:
+        """T without drafting for k = 0 .. n (n_rows 1 .. n + 1)."""
+        if len(self.v) < n + 1:
+            self.v = self.ctl.step_cost(n, self.n_seqs)
+        return self.v[: n + 1]
+
+    def rates(self, m: int, n: int, sunk: float | None) -> np.ndarray | None:
+        """Predicted tokens/s of member m's options k = 0 .. n (see ``options``)."""
+        o = self.options(m, n, sunk)
+        return None if o is None else np.asarray(o[0] / o[1], dtype=np.float64)
 
     def next_ask(self) -> tuple[int, int] | None:
         """The next (member, cap) to draft with, or None: no (more) drafting this step."""
@@ -181,6 +210,7 @@ class Plan:
         gap = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
         st.last_drafted[m] = self.hist_len
         self.ctl.cost.record_draft(st.names[m], n, max(gap, 1), seconds)
+        self.spent += seconds
         if st.costly[m]:
             st.turns[m] = st.turns.get(m, 0) + 1
             self.asked_costly = True
@@ -220,20 +250,27 @@ class Plan:
         return self.k
 
     def _cut(self, m: int, n: int) -> int:
-        r = self.rates(m, n, self.sunk)
-        assert r is not None
+        o = self.options(m, n, self.sunk)
+        assert o is not None
+        e, t = o
+        r = e / t
         kb = int(np.argmax(r))
         if kb < n:
-            st = self.st
+            st, ctl = self.st, self.ctl
             st.len_since[m] = st.len_since.get(m, 0) + 1
-            if st.len_since[m] >= self.ctl.interval(float(r[kb]), float(r[kb + 1])):
-                st.len_since[m] = 0
+            loss = float(t[kb + 1] - e[kb + 1] / r[kb])
+            if (st.len_since[m] >= ctl.explore_every
+                    and (st.clock - st.len_at.get(m, 0.0)) * ctl.explore_budget >= loss):
+                st.len_since[m], st.len_at[m] = 0, st.clock
                 self.explored = True
                 return kb + 1
         return kb
 
     def _ran(self, arm: int) -> None:
         st = self.st
+        if not np.isnan(self.v).any():
+            st.clock += float(self.vs(self.k)[-1]) + self.spent
+        st.ran_at[arm] = st.clock
         for a in [i for i, c in enumerate(st.costly) if c] + [PLAIN]:
             st.since[a] = 0 if a == arm else st.since.get(a, 0) + 1
 
@@ -249,12 +286,12 @@ class SpecController:
     sweep: (member or None, k) options tried in turn instead of deciding (``llama-spec tune``).
     """
 
-    def __init__(self, *, explore_every: int = 16, max_stretch: float = 64.0, min_turns: int = 2,
+    def __init__(self, *, explore_budget: float = 0.02, explore_every: int = 16, min_turns: int = 2,
                  decay: float = 0.98, cost_model: CostModelSource = None,
                  sweep: Sequence[tuple[int | None, int]] = ()) -> None:
-        if explore_every < 2 or max_stretch < 1.0 or min_turns < 1:
-            raise ValueError("controller: requires explore_every >= 2, max_stretch >= 1, min_turns >= 1")
-        self.explore_every, self.max_stretch, self.min_turns = explore_every, max_stretch, min_turns
+        if not 0.0 < explore_budget < 1.0 or explore_every < 1 or min_turns < 1:
+            raise ValueError("controller: requires 0 < explore_budget < 1, explore_every >= 1, min_turns >= 1")
+        self.explore_budget, self.explore_every, self.min_turns = explore_budget, explore_every, min_turns
         self.cost, self.accept = load_cost_model(cost_model, decay)
         self.sweep = list(sweep)
         self.slots: dict[int, _Slot] = {}
@@ -265,11 +302,6 @@ class SpecController:
     def attach(self, slot: int, names: Sequence[str], costly: Sequence[bool]) -> None:
         """Slot `slot`'s drafter has these members (in its chain order)."""
         self.slots[slot] = _Slot(list(names), [bool(c) for c in costly])
-
-    def interval(self, best: float, other: float) -> float:
-        """Steps between two tries of an option predicted at `other` against the best at `best`."""
-        stretch = self.max_stretch if other <= 0 else min(self.max_stretch, (best / other) ** 2)
-        return max(float(self.explore_every), self.explore_every * stretch)
 
     def survival(self, name: str, band: str, full: bool, n: int) -> np.ndarray:
         return self.accept.survival((name, band, full), n)

@@ -13,8 +13,14 @@ Words, used below exactly:
   observe, the rule, the rollback), a line in n.
 - **draft cost** D_m(k, gap): seconds of one ``draft()`` call of drafter m for k draft tokens,
   ``gap`` = tokens emitted since m last drafted for this sequence (its lazy sync decodes them).
-  A line in (1, k, gap) per drafter; predictions use gap = 1: the sync after a plain stretch is
-  paid once, not per step, and charging it to the next step would keep a drafter out for good.
+  u (k + 1) + g (gap - 1) per drafter (a model drafter decodes about k + 1 tokens, and prefills
+  the gap), u, g >= 0; where the data cannot tell u from g (every draft the same length after the
+  same gap) the fit stays nearest to g = ``GAP_PRIOR`` u (a prefill token costs less than a
+  decoded one: 0.43 u for SmolLM2-135M drafting on 2 CPU cores here). Decisions use gap = 1 (the sync after a plain stretch
+  is paid once, not per step: charging it to the next step would keep a drafter out for good);
+  the exploration prices it (controller.py).
+
+Every coefficient is >= 0 (a negative slope fitted to noise would make long drafts look free).
 
 Every fit decays by ``decay`` per new measurement, so a change of load is followed. A model can
 be written to JSON (``to_dict``) and read back (``from_dict``) as the start of a later run
@@ -31,6 +37,7 @@ import numpy as np
 __all__ = ["PRIOR_WEIGHT", "CostModel", "LinearFit"]
 
 PRIOR_WEIGHT = 2.0   # weight of a loaded cell (as two measurements)
+GAP_PRIOR = 0.25     # the draft cost of a synced token / that of a drafted one, until measured
 _MAX_CELL_WEIGHT = 20.0
 
 
@@ -55,6 +62,8 @@ class LinearFit:
         self.count = 0.0                       # decayed number of measurements
         self.sum_y = 0.0
         self.floor = float("inf")              # the smallest measurement, rising slowly
+        self._beta: dict[bytes, np.ndarray] = {}  # coef() per prior, until the next add
+        self.sum_x = np.zeros(self.n)
 
     def add(self, x: np.ndarray, y: float) -> None:
         if self.warmup > 0:
@@ -65,34 +74,51 @@ class LinearFit:
         self.floor = min(y, self.floor / self.decay)
         if y > self.OUTLIER * max(self.floor, 1e-6):
             return
-        if self.count >= 3.0:
+        if self.count >= 3.0 and y > 2.0 * self.sum_y / self.count:   # (only a large one can need it)
             beta = self.coef(np.zeros(self.n))
             assert beta is not None
             y = min(y, self.CLIP * max(float(x @ beta), 1e-6))
         d = self.decay
+        self._beta.clear()
         self.xtx = self.xtx * d + np.outer(x, x)
         self.xty = self.xty * d + x * y
+        self.sum_x = self.sum_x * d + x
         self.count = self.count * d + 1.0
         self.sum_y = self.sum_y * d + y
 
     def coef(self, prior: np.ndarray) -> np.ndarray | None:
-        """beta (None before any measurement); directions the data do not fix stay at `prior`."""
+        """beta >= 0 (None before any measurement); directions the data do not fix stay at `prior`."""
         if self.count <= 0.0:
             return None
-        lam = 1e-6 * max(float(np.trace(self.xtx)), 1e-12) + 1e-12
-        a = self.xtx + lam * np.eye(self.n)
-        return np.asarray(np.linalg.solve(a, self.xty + lam * prior), dtype=np.float64)
+        key = prior.tobytes()
+        beta = self._beta.get(key)
+        if beta is None:
+            lam = 1e-6 * max(float(np.trace(self.xtx)), 1e-12) + 1e-12
+            a = self.xtx + lam * np.eye(self.n)
+            b = self.xty + lam * prior
+            free = np.ones(self.n, dtype=bool)
+            beta = np.zeros(self.n)
+            for _ in range(self.n):   # active set: a negative coefficient is fixed at 0, the rest refitted
+                beta[:] = 0.0
+                beta[free] = np.linalg.solve(a[np.ix_(free, free)], b[free])
+                if (beta >= 0).all():
+                    break
+                free &= beta > 0
+            beta = self._beta[key] = np.maximum(beta, 0.0)
+        return beta
 
     def to_list(self) -> list[Any]:
-        return [self.xtx.tolist(), self.xty.tolist(), self.count, self.sum_y]
+        return [self.xtx.tolist(), self.xty.tolist(), self.count, self.sum_y, self.sum_x.tolist()]
 
     def load(self, data: list[Any], scale: float) -> None:
         """A saved fit, its weight scaled down to at most `scale` measurements."""
-        xtx, xty, count, sum_y = data
+        xtx, xty, count, sum_y, sum_x = data
         f = min(1.0, scale / count) if count > 0 else 0.0
+        self.sum_x = np.asarray(sum_x, dtype=np.float64) * f
         self.xtx = np.asarray(xtx, dtype=np.float64) * f
         self.xty = np.asarray(xty, dtype=np.float64) * f
         self.count, self.sum_y = float(count) * f, float(sum_y) * f
+        self._beta.clear()
 
 
 class CostModel:
@@ -105,7 +131,7 @@ class CostModel:
         self.cells: dict[tuple[int, int], list[float]] = {}   # (N, B) -> [weight, mean seconds]
         self.verify_line = LinearFit(3, decay)                # 1, N, B
         self.post_line = LinearFit(2, decay, warmup=1)        # 1, n
-        self.draft_lines: dict[str, LinearFit] = {}           # drafter -> 1, k, gap
+        self.draft_lines: dict[str, LinearFit] = {}           # drafter -> k + 1, gap - 1
 
     # -- measurements ----------------------------------------------------------------------------
     def record_decode(self, n_rows: int, n_seqs: int, seconds: float) -> None:
@@ -124,8 +150,8 @@ class CostModel:
 
     def record_draft(self, drafter: str, n_drafted: int, gap: int, seconds: float) -> None:
         """A draft() call of `drafter` gave n_drafted tokens after a gap of `gap` tokens."""
-        fit = self.draft_lines.setdefault(drafter, LinearFit(3, self.decay, warmup=1))
-        fit.add(np.array([1.0, n_drafted, gap]), seconds)
+        fit = self.draft_lines.setdefault(drafter, LinearFit(2, self.decay, warmup=1))
+        fit.add(np.array([n_drafted + 1.0, max(gap - 1.0, 0.0)]), seconds)
 
     # -- estimates ---------------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -142,14 +168,13 @@ class CostModel:
         if line is not None and not self.ready():
             # one size timed: flat (the optimistic guess that makes the loop try other sizes)
             line = np.array([self.verify_line.sum_y / self.verify_line.count, 0.0, 0.0])
-        out = np.full(len(n_rows), np.nan)
-        for i, n in enumerate(n_rows):
-            base = np.nan if line is None else float(line[0] + line[1] * n + line[2] * n_seqs)
-            cell = self.cells.get((int(n), int(n_seqs)))
+        out = (np.full(len(n_rows), np.nan) if line is None
+               else line[0] + line[1] * np.asarray(n_rows, dtype=np.float64) + line[2] * n_seqs)
+        cells, b = self.cells, int(n_seqs)
+        for i, n in enumerate(n_rows.tolist()):
+            cell = cells.get((n, b))
             if cell is not None and cell[0] > 0:
-                out[i] = cell[1] if np.isnan(base) else (cell[0] * cell[1] + base) / (cell[0] + 1.0)
-            else:
-                out[i] = base
+                out[i] = cell[1] if line is None else (cell[0] * cell[1] + out[i]) / (cell[0] + 1.0)
         if not np.isnan(out).any():
             out = np.maximum.accumulate(np.maximum(out, 1e-9))
         return out
@@ -160,15 +185,15 @@ class CostModel:
             return np.zeros(len(n_rows))
         return np.maximum(coef[0] + coef[1] * n_rows, 0.0)
 
-    def draft_cost(self, drafter: str, k: np.ndarray) -> np.ndarray | None:
-        """D_m(k, gap = 1) for each k (None: never timed). Prior: proportional to k + 1."""
+    def draft_cost(self, drafter: str, k: np.ndarray, gap: int = 1) -> np.ndarray | None:
+        """D_m(k, gap) for each k (None: never timed). Prior: proportional to k + 1."""
         fit = self.draft_lines.get(drafter)
         if fit is None or fit.count <= 0:
             return None
-        per = fit.sum_y / (fit.xtx[0, 1] + fit.count)     # a guess: seconds per (drafted token + 1)
-        coef = fit.coef(np.array([per, per, 0.0]))
+        per = fit.sum_y / max(fit.sum_x[0], 1e-12)    # the prior: seconds per (drafted token + 1), and
+        coef = fit.coef(np.array([per, GAP_PRIOR * per]))  # a quarter of that per synced token
         assert coef is not None
-        return np.maximum(coef[0] + coef[1] * k + coef[2], 0.0)
+        return coef[0] * (np.asarray(k, dtype=np.float64) + 1.0) + coef[1] * max(gap - 1.0, 0.0)
 
     # -- files -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
@@ -187,6 +212,6 @@ class CostModel:
         m.verify_line.load(data["verify_line"], PRIOR_WEIGHT * max(1, len(m.cells)))
         m.post_line.load(data["post_line"], PRIOR_WEIGHT)
         for name, fit in data.get("draft_lines", {}).items():
-            m.draft_lines[name] = LinearFit(3, m.decay)
+            m.draft_lines[name] = LinearFit(2, m.decay)
             m.draft_lines[name].load(fit, PRIOR_WEIGHT * 4)
         return m
