@@ -153,15 +153,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("-c", "--n-ctx", type=int, default=2048)
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--native", choices=("auto", "build", "off"), default="build")
+    ap.add_argument("--fixed", default=None, metavar="ARM[;ARM..]",
+                    help="the fixed arms (default: the whole sweep), e.g. 'draft-simple:3;ngram-simple;tree:2,1,1'")
+    ap.add_argument("--classes", default="code,prose,edit", help="prompt classes")
     ap.add_argument("--json", default=None, metavar="FILE")
     ap.add_argument("--quick", action="store_true", help="smoke: small models, 1 prompt per class, 32 tokens, "
                     "a few fixed arms, native only if built")
     a = ap.parse_args(argv)
-    a.fixed = [*FIXED_DRAFT, *FIXED_NGRAM, *FIXED_CHAIN, *FIXED_TREE]
+    sweep = [*FIXED_DRAFT, *FIXED_NGRAM, *FIXED_CHAIN, *FIXED_TREE]
     if a.quick:
         a.target = a.drafter = "smollm2-135m" if a.target == DEFAULT_TARGET else a.target
         a.per_class, a.n_tokens, a.native = 1, 32, "auto" if a.native == "build" else a.native
-        a.fixed = ["draft-simple:3", "ngram-simple", "ngram-simple,draft-simple", "tree:2,1,1"]
+        sweep = ["draft-simple:3", "ngram-simple", "ngram-simple,draft-simple", "tree:2,1,1"]
+    a.fixed = [x for x in a.fixed.split(";") if x] if a.fixed is not None else sweep
     a.temp_list = [float(x) for x in a.temps.split(",")]
     return a
 
@@ -178,7 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     recs = []
     try:
         for temp in a.temp_list:
-            for i, (cls, text) in enumerate(prompts(a.per_class)):
+            for i, (cls, text) in enumerate(p for p in prompts(a.per_class) if p[0] in a.classes.split(",")):
                 recs.append(run_prompt(arms, tool, a, cls, text, temp, a.seed + i))
         ctl = arms.gens["auto"].controller
         summary = ctl.describe() if ctl is not None else ""

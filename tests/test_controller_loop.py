@@ -19,7 +19,7 @@ from llama_spec.testing import distribution as dist
 
 THRESHOLD = 1e-4
 SAMPLING = SamplerParams(temp=1.0, top_k=40, top_p=1.0, min_p=0.0)
-N_DIST = 1200
+N_DIST = 2000
 SYNTH_PROMPT = "Once upon a time"
 
 

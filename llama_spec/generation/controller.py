@@ -101,6 +101,7 @@ class _Slot:
     ran_at: dict[int, float] = field(default_factory=dict)    # arm -> clock when it last ran
     len_at: dict[int, float] = field(default_factory=dict)    # member -> clock at its last longer cut
     last_drafted: dict[int, int] = field(default_factory=dict)  # member -> history length at its last draft
+    longest: dict[int, int] = field(default_factory=dict)       # member -> its longest proposal so far
     last_full: bool = False
     sweep_i: int = 0
     plan: Plan | None = None
@@ -147,8 +148,8 @@ class Plan:
             self.explored = True
             return a, (self.k_cap if a != PLAIN else 0), 0.0
         best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
-        for m in arms[:-1]:
-            o = self.options(m, self.k_cap, None)
+        for m in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
+            o = self.options(m, min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1), None)
             if o is not None:
                 e, t = o
                 k = int(np.argmax(e[1:] / t[1:])) + 1
@@ -210,6 +211,7 @@ class Plan:
         gap = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
         st.last_drafted[m] = self.hist_len
         self.ctl.cost.record_draft(st.names[m], n, max(gap, 1), seconds)
+        st.longest[m] = max(st.longest.get(m, 0), n)
         self.spent += seconds
         if st.costly[m]:
             st.turns[m] = st.turns.get(m, 0) + 1
@@ -243,6 +245,8 @@ class Plan:
             self.k, self.explored = (n if self.ctl.cost.timed(self.n_seqs, self.n_seqs) else 0), True
         else:
             self.k = self._cut(self.member, n)
+        if self.k == 0:
+            self.member = None   # cut to nothing: a plain step
         if self.member is None and not self.asked_costly:
             st = self.st
             st.turns[PLAIN] = st.turns.get(PLAIN, 0) + 1

@@ -170,11 +170,13 @@ class CostModel:
             line = np.array([self.verify_line.sum_y / self.verify_line.count, 0.0, 0.0])
         out = (np.full(len(n_rows), np.nan) if line is None
                else line[0] + line[1] * np.asarray(n_rows, dtype=np.float64) + line[2] * n_seqs)
-        cells, b = self.cells, int(n_seqs)
-        for i, n in enumerate(n_rows.tolist()):
-            cell = cells.get((n, b))
-            if cell is not None and cell[0] > 0:
-                out[i] = cell[1] if line is None else (cell[0] * cell[1] + out[i]) / (cell[0] + 1.0)
+        b, top = int(n_seqs), int(n_rows[-1]) if len(n_rows) else 0
+        for (n, nb), (w, mean) in self.cells.items():   # a few cells: look each one up in n_rows
+            if nb != b or n > top or w <= 0:
+                continue
+            i = int(np.searchsorted(n_rows, n))
+            if i < len(n_rows) and n_rows[i] == n:
+                out[i] = mean if line is None else (w * mean + out[i]) / (w + 1.0)
         if not np.isnan(out).any():
             out = np.maximum.accumulate(np.maximum(out, 1e-9))
         return out
