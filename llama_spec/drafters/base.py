@@ -233,6 +233,16 @@ class Drafter:
         """Free the drafter's own resources (contexts)."""
 
 
+def common_prefix(a: Sequence[int] | np.ndarray, b: Sequence[int] | np.ndarray) -> int:
+    """Length of the longest common prefix of two token sequences (prompt reuse compares tokens,
+    never hashes)."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    diff = np.flatnonzero(np.asarray(a[:n], dtype=np.int64) != np.asarray(b[:n], dtype=np.int64))
+    return int(diff[0]) if len(diff) else n
+
+
 def pack_parts(parts: Sequence[bytes | None]) -> bytes:
     """Several optional byte strings as one (a chain's members' saved states)."""
     out = [struct.pack("<q", len(parts))]

@@ -167,13 +167,17 @@ class ChainDrafter(Drafter):
                     continue
             prop = d.draft(history, n_max, p_min)
             if len(prop) > 0:
-                self.winner = i
-                c = self.counters[i]
-                c.verifications += 1
-                c.drafted += min(len(prop), n_max)
-                self._n_won = min(len(prop), n_max)
+                self._won(i, prop, n_max)
                 return prop
         return Proposal()
+
+    def _won(self, i: int, prop: Proposal, n_max: int) -> None:
+        """Member i's non-empty proposal goes to verification: count it."""
+        self.winner = i
+        c = self.counters[i]
+        c.verifications += 1
+        c.drafted += min(len(prop), n_max)
+        self._n_won = min(len(prop), n_max)
 
     def draft_member(self, i: int, history: list[int], n_max: int, p_min: float) -> Proposal:
         """Member i's proposal alone (the speculation controller chooses the member; no gate)."""
@@ -181,11 +185,7 @@ class ChainDrafter(Drafter):
         self._step.start()
         prop = self.drafters[i].draft(history, n_max, p_min)
         if len(prop) > 0:
-            self.winner = i
-            c = self.counters[i]
-            c.verifications += 1
-            c.drafted += min(len(prop), n_max)
-            self._n_won = min(len(prop), n_max)
+            self._won(i, prop, n_max)
         return prop
 
     def truncated(self, k: int) -> None:

@@ -18,7 +18,7 @@ from ..llama.context import Context
 from ..llama.model import Model
 from ..llama.sampling import SamplerParams
 from ..types import FlashAttn
-from .base import Drafter, DraftGroup, Proposal, TargetRows
+from .base import Drafter, DraftGroup, Proposal, TargetRows, common_prefix
 from .mirror import MirrorSampler, ProposalBuilder
 from .tree import TreeBuilder, TreeProposal, new_tree_rng
 
@@ -100,7 +100,7 @@ class DraftModelDrafter(Drafter):
     def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
         """Keep the cells of the common prefix of the KV and prompt[:n_kept]; whatever is missing
         up to n_kept is decoded by the lazy sync before the first draft, so all n_kept are kept."""
-        c = _common(self._kv, prompt, n_kept)
+        c = common_prefix(self._kv, prompt[:n_kept])
         self.ctx.rollback(self.seq_id, c)
         del self._kv[c:]
         return n_kept
@@ -209,11 +209,3 @@ class DraftModelDrafter(Drafter):
             self.ctx.close()
         elif self.shared is not None:  # the first slot to close frees the shared context
             self.shared.close()
-
-
-def _common(kv: list[int], prompt: list[int], n: int) -> int:
-    """Length of the common prefix of kv and prompt[:n]."""
-    m = min(len(kv), n, len(prompt))
-    a, b = np.asarray(kv[:m], dtype=np.int64), np.asarray(prompt[:m], dtype=np.int64)
-    diff = np.flatnonzero(a != b)
-    return int(diff[0]) if len(diff) else m

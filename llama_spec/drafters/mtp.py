@@ -22,7 +22,7 @@ import numpy as np
 from ..llama.context import Context, MtpContext
 from ..llama.model import Model
 from ..llama.sampling import SamplerParams
-from .base import Drafter, Proposal, TargetRows
+from .base import Drafter, Proposal, TargetRows, common_prefix
 from .mirror import MirrorSampler, ProposalBuilder
 
 
@@ -72,10 +72,7 @@ class MtpDrafter(Drafter):
     def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
         """Keep the MTP cells of the common prefix of theirs and prompt[:n_kept]; the next batch pairs
         with the target's row of the last kept position."""
-        m = min(len(self._toks), n_kept, len(prompt))
-        a, b = np.asarray(self._toks[:m], dtype=np.int64), np.asarray(prompt[:m], dtype=np.int64)
-        diff = np.flatnonzero(a != b)
-        m = int(diff[0]) if len(diff) else m
+        m = common_prefix(self._toks, prompt[:n_kept])
         self.ctx.rollback(0, m)
         del self._toks[m:]
         self.pending_h[:] = self._h[m - 1] if m > 0 else 0.0

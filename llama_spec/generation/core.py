@@ -228,8 +228,7 @@ class StepCore:
     def _forget(self, slot: _Slot) -> None:
         slot.cached_full = None
         slot.tokens = slot.tokens[:0]
-        for sid in range(slot.base, slot.base + self.width):
-            self.ctx.seq_rm(sid, -1, -1)
+        self.prefix.clear(slot)
 
     def has_work(self) -> bool:
         return bool(self._seqs or self._errors)
@@ -389,11 +388,9 @@ class StepCore:
     def _settle(self, s: _Seq) -> None:
         """A sequence leaves its slot with its cells: they hold history[:-1] at most (its last token
         was never decoded); the slot's tokens say which."""
-        slot, ctx = s.slot, self.ctx
-        n = min(ctx.pos_max(slot.base) + 1, len(s.em.history) - 1)
-        for sid in range(slot.base + 1, slot.base + self.width):
-            ctx.seq_rm(sid, -1, -1)
-        if n <= 0 or not ctx.seq_rm(slot.base, n, -1):
+        slot = s.slot
+        n = self.prefix.cut_to(slot, min(self.ctx.pos_max(slot.base) + 1, len(s.em.history) - 1))
+        if n == 0:
             self._forget(slot)
             return
         slot.tokens = np.asarray(s.em.history[:n], dtype=np.int32)

@@ -86,7 +86,7 @@ class PrefixReuse:
             drafted = src.drafter.save_prefix() if src.drafter is not None else None
         else:
             target, drafted = load.target, load.drafter
-        self._clear(slot)
+        self.clear(slot)
         self.ctx.load_state(target, slot.base)
         if slot.drafter is not None:
             slot.drafter.load_prefix(drafted)
@@ -104,14 +104,15 @@ class PrefixReuse:
             self.ctx.seq_rm(sid, -1, -1)
         if n > 0 and self.ctx.seq_rm(slot.base, n, -1) and self.ctx.pos_max(slot.base) == n - 1:
             return n
-        self._clear(slot)
+        self.clear(slot)
         return 0
 
     def cut_to(self, slot: SlotCells, n: int) -> int:
         """After the drafter kept fewer: the target keeps as many (0 where it cannot cut there)."""
         return self._cut(slot, n)
 
-    def _clear(self, slot: SlotCells) -> None:
+    def clear(self, slot: SlotCells) -> None:
+        """Empty every sequence of the slot."""
         for sid in range(slot.base, slot.base + self.width):
             self.ctx.seq_rm(sid, -1, -1)
 

@@ -24,16 +24,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..drafters.base import common_prefix
+
 __all__ = ["CacheEntry", "PromptCache", "common_prefix"]
-
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    """Length of the longest common prefix of two int token arrays."""
-    n = min(len(a), len(b))
-    if n == 0:
-        return 0
-    diff = np.flatnonzero(a[:n] != b[:n])
-    return int(diff[0]) if len(diff) else n
 
 
 @dataclass(eq=False)
