@@ -106,7 +106,9 @@ def test_a_drafter_resumed_after_many_plain_steps_accepts_as_before(smollm, kind
         return r.tokens, rec.positions
 
     draft = [(0, 3)] * N_DRAFT
-    rested_tokens, rested = run(draft + [(None, 0)] * N_PLAIN + draft + [(None, 0)] * 1000, 8 * N_DRAFT + N_PLAIN)
+    # after the rest, twice as many draft steps: an n-gram drafter finds no match on about half of them
+    rested_tokens, rested = run(draft + [(None, 0)] * N_PLAIN + draft * 2 + [(None, 0)] * 1000,
+                                8 * N_DRAFT + N_PLAIN)
     steady_tokens, steady = run(draft, len(rested_tokens))
     assert rested_tokens == steady_tokens          # greedy: drafts change speed only
     first = min(pos for pos, _, _ in rested)

@@ -111,3 +111,21 @@ def test_adaptive_greedy_equals_plain_decoding(smollm):
             gen.close()
         assert res.tokens == want
         assert res.stats.accepted > 0 and gen.draft_length is not None and gen.draft_length.cost_line() is not None
+
+
+def test_a_few_short_drafts_kept_whole_do_not_make_unseen_positions_certain():
+    # the controller's survival (pool_weight 8): after drafts of 2 and 3 kept whole, position 20 is
+    # unseen; the old pooled prior (pool_weight 0) made its hazard 1.0 and a 64-token draft looked
+    # certain to be kept, which at temp 0.8 verified 64 drafts to keep 13
+    shrunk = DraftLengthController(decay=1.0, pool_weight=8.0)
+    old = DraftLengthController(decay=1.0)
+    for c in (shrunk, old):
+        c.record_verify("ng", 2, 2)
+        c.record_verify("ng", 3, 3)
+    assert old.survival("ng", 20)[-1] == pytest.approx(1.0)        # the broken variant
+    s = shrunk.survival("ng", 20)
+    assert s[2] > 0.55 and s[-1] < 0.05, s
+    # many long drafts kept whole still earn long cuts: the pooled hazard goes to the data
+    for _ in range(30):
+        shrunk.record_verify("ng", 40, 40)
+    assert shrunk.survival("ng", 40)[-1] > 0.9

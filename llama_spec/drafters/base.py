@@ -221,6 +221,11 @@ class Drafter:
         """``draft()`` by member i alone (a chain skips the others); this drafter: i == 0."""
         return self.draft(history, n_max, p_min)
 
+    def sync_need(self, history: list[int]) -> int | None:
+        """Tokens your next ``draft(history)`` decodes before drafting (a model's lazy sync of what it
+        missed; at least 1), or None: not known / costs nothing (the controller then estimates it)."""
+        return None
+
     def truncated(self, k: int) -> None:
         """Only the first k drafts of your last proposal are verified (0: none, the step decodes
         without drafts): the next ``accepted(n)`` counts n <= k of them. Default: nothing."""

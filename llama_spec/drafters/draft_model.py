@@ -134,6 +134,11 @@ class DraftModelDrafter(Drafter):
         del kv[c:]
         return c, history[c:]
 
+    def sync_need(self, history: list[int]) -> int | None:
+        """len(history) - the prefix of history[:-1] the KV holds: what the lazy sync decodes."""
+        n = min(len(self._kv), len(history) - 1)
+        return len(history) - common_prefix(self._kv[:n], history[:n])
+
     def _sync(self, history: list[int]) -> np.ndarray:
         """Make the KV hold history[:-1] + decode history[-1]; return its logits row."""
         c, todo = self.sync_plan(history)

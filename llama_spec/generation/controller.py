@@ -25,11 +25,13 @@ Exploration: each costly member and plain get ``min_turns`` turns first (costly 
 the full length); then the best option is chosen, and a losing one is tried once (so it stays
 measured) when the time since it last ran, times ``explore_budget``, covers what trying it is
 predicted to lose: its seconds minus its tokens at the best rate, plus the lazy sync of the tokens
-it missed. So at most about ``explore_budget`` of the time goes to exploring, and the clearer the
-loser the rarer it is tried. (The chain gate's rule, every ``16 x (rate ratio)^2`` steps, cost 18 %
-here: one try of a 0.5B-class draft after a plain stretch costs several plain steps.) Lengths are
-explored the same way: k_best + 1 instead of k_best. Two tries of one option are at least
-``explore_every`` steps apart.
+it missed (``Drafter.sync_need``: a draft model in a new request syncs the whole prompt); and that
+sync alone must fit in ``explore_budget`` of the request's own predicted time (n_predict plain
+steps). So at most about ``explore_budget`` of the time goes to exploring, in all and in each
+request, and the clearer the loser the rarer it is tried. (The chain gate's rule, every
+``16 x (rate ratio)^2`` steps, cost 18 % here: one try of a 0.5B-class draft after a plain stretch
+costs several plain steps.) Lengths are explored the same way: k_best + 1 instead of k_best. Two
+tries of one option are at least ``explore_every`` steps apart.
 
 Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
 no draft is a verification without drafts); a decision uses only what happened before it, so the
@@ -41,7 +43,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -59,6 +61,7 @@ __all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "SpecController", "b
 PLAIN = -1   # the plain arm's index among a slot's arms
 ENV_AUTO = "LLAMA_SPEC_AUTO"   # the default of auto=None (on when unset)
 CostModelSource = CostModel | dict[str, Any] | str | Path | None
+POOL_WEIGHT = 8.0   # the survival's pooled hazard counts this many positions at the prior (draft_length.py)
 
 
 def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> SpecController | None:
@@ -110,8 +113,12 @@ class _Slot:
 class Plan:
     """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then ``finish()``."""
 
-    def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, band: str, n_seqs: int, hist_len: int) -> None:
+    def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, band: str, n_seqs: int, hist_len: int,
+                 sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None) -> None:
         self.ctl, self.st, self.band, self.hist_len = ctl, st, band, hist_len
+        self._sync_need = sync_need
+        self._needs: dict[int, int] = {}   # member -> tokens its lazy sync decodes (asked once)
+        self.n_predict = n_predict
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
         # T without drafting, per n_rows 1 .. : as far as a decision needs (``vs``)
@@ -160,16 +167,31 @@ class Plan:
             if a == top or a not in best or st.since.get(a, 0) < ctl.explore_every:
                 continue
             k, rate, e_a, t_a = best[a]
-            loss = t_a - e_a / hi + (self._resync(a, k) if a != PLAIN else 0.0)
-            if (st.clock - st.ran_at.get(a, 0.0)) * ctl.explore_budget >= loss:
+            sync = self._resync(a, k) if a != PLAIN else 0.0
+            loss = t_a - e_a / hi + sync
+            # within the budget since it last ran; and a model's sync of a long prompt within the
+            # budget of this request's own time (one try must not cost a short request that much)
+            request = self.n_predict * float(self.v[0]) if self.n_predict else float("inf")
+            since = st.clock - st.ran_at.get(a, 0.0)
+            if loss <= ctl.explore_budget * since and sync <= ctl.explore_budget * request:
                 self.explored = True
                 return a, k, rate
         return top, best[top][0], hi
 
+    def sync_gap(self, m: int) -> int:
+        """Tokens member m's lazy sync decodes before its next draft (>= 1): as the drafter says
+        (``Drafter.sync_need``), else those since its last draft (all of them in a new request)."""
+        if m not in self._needs:
+            need = self._sync_need(m) if self._sync_need is not None else None
+            if need is None:
+                last = self.st.last_drafted.get(m)
+                need = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
+            self._needs[m] = max(int(need), 1)
+        return self._needs[m]
+
     def _resync(self, m: int, k: int) -> float:
         """Predicted seconds of member m's lazy sync of the tokens it missed, beyond one."""
-        last = self.st.last_drafted.get(m)
-        gap = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
+        gap = self.sync_gap(m)
         name, ks = self.st.names[m], np.array([k])
         far, near = self.ctl.cost.draft_cost(name, ks, gap), self.ctl.cost.draft_cost(name, ks, 1)
         return 0.0 if far is None or near is None else max(0.0, float(far[0] - near[0]))
@@ -200,15 +222,18 @@ class Plan:
         return None if o is None else np.asarray(o[0] / o[1], dtype=np.float64)
 
     def next_ask(self) -> tuple[int, int] | None:
-        """The next (member, cap) to draft with, or None: no (more) drafting this step."""
-        return self._asks.pop(0) if self._asks else None
+        """The next (member, cap) to draft with, or None: no (more) drafting this step. Its sync gap
+        is read now, before the draft syncs it."""
+        if not self._asks:
+            return None
+        ask = self._asks.pop(0)
+        self.sync_gap(ask[0])
+        return ask
 
     def drafted(self, m: int, n: int, seconds: float) -> None:
         """Member m's draft gave n tokens in `seconds`; decides what is asked next."""
         st = self.st
-        last = st.last_drafted.get(m)
-        # tokens its lazy sync decoded: since its last draft; all of them at a request's first draft
-        gap = self.hist_len - last if last is not None and last <= self.hist_len else self.hist_len
+        gap = self.sync_gap(m)   # (read by next_ask, before the draft synced it)
         st.last_drafted[m] = self.hist_len
         self.ctl.cost.record_draft(st.names[m], n, max(gap, 1), seconds)
         st.longest[m] = max(st.longest.get(m, 0), n)
@@ -316,9 +341,12 @@ class SpecController:
         return self.cost.verify_cost(n * n_seqs, n_seqs) / n_seqs + self.cost.post_cost(n)
 
     # -- the core's calls -----------------------------------------------------------------------
-    def plan(self, slot: int, k_cap: int, band: str, n_seqs: int, hist_len: int) -> Plan:
+    def plan(self, slot: int, k_cap: int, band: str, n_seqs: int, hist_len: int,
+             sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None) -> Plan:
+        """Slot `slot`'s decision for its next step. sync_need(m): tokens member m's next draft syncs
+        (None: estimated); n_predict: the request's token budget (bounds one exploration's loss)."""
         st = self.slots[slot]
-        st.plan = Plan(self, st, k_cap, band, n_seqs, hist_len)
+        st.plan = Plan(self, st, k_cap, band, n_seqs, hist_len, sync_need, n_predict)
         return st.plan
 
     def current(self, slot: int) -> Plan | None:
@@ -401,7 +429,7 @@ def _member_band(key: object) -> str:
 def load_cost_model(src: CostModelSource,
                     decay: float) -> tuple[CostModel, DraftLengthController]:
     """(cost model, survival) from a CostModel, a saved dict, a JSON file, or fresh (None)."""
-    accept = DraftLengthController(decay=decay)
+    accept = DraftLengthController(decay=decay, pool_weight=POOL_WEIGHT)
     if src is None:
         return CostModel(decay), accept
     if isinstance(src, CostModel):

@@ -519,8 +519,9 @@ class StepCore:
         """The controller's choice for this step: drafted now, queued for its group, or none (plain)."""
         req, auto = s.req, cast(SpecController, self.auto)
         p = req.sampler.params
+        members, history = drafter.members(), s.em.history
         plan = auto.plan(s.slot.index, k_cap, band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
-                         len(self._seqs), len(s.em.history))
+                         len(self._seqs), len(history), lambda m: members[m].sync_need(history), req.n_predict)
         if s.slot.group is None:
             return run_plan(plan, drafter, s.em.history, req.p_min)
         ask = plan.next_ask()   # a group member drafts with its group, up to the chosen cap
