@@ -19,21 +19,23 @@ from llama_spec.generation.cost_model import CostModel
 
 
 def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=0, costly=None,
-             names=None, propose=None, gap_s=0.0):
+             names=None, propose=None, gap_s=0.0, modes=None, argmax_band=None):
     """`steps` steps of one sequence (priced as one of n_seqs alike). cost(N): seconds of a decode
     of N rows; accept[name]: keep probability per draft; draft_s[name]: seconds per drafted token;
     propose[name]: the probability the member has a draft at all (cheap members); gap_s: seconds a
     costly member's lazy sync takes per token it missed beyond one. Returns (tokens,
-    seconds, choices) with choices[i] = (member name or None, k)."""
+    seconds, choices) with choices[i] = (member name or None, k). modes / argmax_band: the costly
+    members with the argmax draft mode and its band (accept["d argmax"]: its keep probability)."""
     rng = np.random.default_rng(seed)
     names = names or ["d"]
     costly = costly if costly is not None else [True] * len(names)
     draft_s = draft_s or {}
     propose = propose or {}
-    ctl.attach(0, names, costly)
+    ctl.attach(0, names, costly, modes)
+    band = "token/t<1" if argmax_band else "greedy"
     tokens, seconds, choices, hist, last = 0, 0.0, [], 100, {}
     for _ in range(steps):
-        plan = ctl.plan(0, k_cap, "greedy", n_seqs, hist)
+        plan = ctl.plan(0, k_cap, band, n_seqs, hist, argmax_band=argmax_band)
         held, t_draft = 0, 0.0
         while (ask := plan.next_ask()) is not None:
             m, cap = ask
@@ -263,3 +265,44 @@ def test_a_try_of_a_draft_model_never_costs_a_short_request_its_prompt_sync():
     # prompt sync for one try
     blind = run_requests(SpecController(), 40, tell_need=False, **kw) * cost(1)
     assert blind[1:].min() < 0.95, blind
+
+
+@pytest.mark.parametrize(("sampled", "argmax"), [(0.75, 0.5), (0.5, 0.75)])
+def test_the_draft_mode_that_keeps_more_is_chosen(sampled, argmax):
+    """Item 3: a model member's sampled and argmax drafts are two arms with their own survival;
+    the one kept more is used (#27694: argmax wins at low temperatures, sampled at high)."""
+    def run(fixed=None):
+        ctl = SpecController()
+        acc = {"d": sampled, "d argmax": argmax}
+        if fixed is not None:   # one mode only: the member without the other
+            acc = {"d": acc[fixed]}
+        return simulate(ctl, 800, cost=line(0.030, 0.006), accept=acc, draft_s={"d": 0.004},
+                        modes=[fixed is None], argmax_band="exact-match/t<1" if fixed is None else None)
+    tok, sec, ch = run()
+    late = [w for w, _ in ch[300:]]
+    better = "d" if sampled > argmax else "d argmax"
+    assert late.count(better) / len(late) > 0.8, (better, {w: late.count(w) for w in set(late)})
+    best = max(t / s for t, s, _ in (run("d"), run("d argmax")))
+    assert tok / sec > 0.95 * best
+
+
+def test_argmax_drafts_are_asked_for_in_the_argmax_arm_only():
+    ctl = SpecController()
+    ctl.attach(0, ["ngram", "d"], [False, True], [False, True])
+    modes = set()
+    for i in range(60):
+        plan = ctl.plan(0, 3, "token/t<1", 1, 100 + i, argmax_band="exact-match/t<1")
+        while (ask := plan.next_ask()) is not None:
+            m, cap = ask
+            if m == 0:
+                assert plan.sample_for(0)      # the n-gram member has one mode
+            else:
+                modes.add(plan.sample_for(1))
+                assert plan.sample_for(1) == (plan.arm_drafting(1) == 1)
+            plan.drafted(m, cap if m == 1 else 0, 0.004 * (cap + 1) if m == 1 else 0.0)
+        k = plan.finish(plan.n_held)
+        ctl.decoded(k + 1, 1, 0.03 + 0.006 * (k + 1))
+        ctl.verified(0, k, k + 1, 0.0)
+    assert modes == {True, False}       # both modes were tried (cold turns)
+    plan = ctl.plan(0, 3, "greedy", 1, 200)   # greedy: no argmax arm, the configured mode
+    assert plan.arms() == [1, -1] and plan.sample_for(1)

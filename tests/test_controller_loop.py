@@ -38,11 +38,14 @@ def synth():
 
 
 def test_auto_keeps_the_output_distribution(synth):
-    """(t0, t1) with auto on (t1's step: plain or 1-3 drafts, by measured time) = plain sampling."""
+    """(t0, t1) with auto on (t1's step: plain or 1-3 drafts, sampled or argmax, by measured time
+    and acceptance) = plain sampling."""
     spec, ref = synth
     s0 = spec.total.auto_steps
     new = dist.joint_samples(spec, SYNTH_PROMPT, range(10_000, 10_000 + N_DIST), sampling=SAMPLING, n_predict=5)
     assert spec.total.auto_steps - s0 >= N_DIST
+    by = spec.total.auto_by_drafter
+    assert by.get("draft-mtp", 0) > 0 and by.get("draft-mtp argmax", 0) > 0, by   # both draft modes ran
     p, cells = dist.homogeneity_pvalue(ref, new)
     assert cells >= 20
     assert p > THRESHOLD, (p, cells)

@@ -136,6 +136,9 @@ class Drafter:
     # True: drafting runs a model, at a cost comparable to a target step, so a chain with gate=True
     # may skip this member where it does not pay (chain_gate.py). The n-gram drafters cost ~nothing.
     costly: bool = False
+    # True: ``sample_drafts`` may change between drafts (False: argmax drafts without q, verified by
+    # exact-match), so the speculation controller may choose the mode per step (its draft modes).
+    draft_modes: bool = False
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:

@@ -33,6 +33,7 @@ class SharedContextOwner(DraftGroup, Protocol):
 class DraftModelDrafter(Drafter):
     name = "draft-simple"
     costly = True
+    draft_modes = True
     shared: SharedContextOwner | None = None  # set when its context is a batch's shared one (draft_batch.py)
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,

@@ -29,6 +29,7 @@ from .mirror import MirrorSampler, ProposalBuilder
 class MtpDrafter(Drafter):
     name = "draft-mtp"
     costly = True
+    draft_modes = True
 
     def __init__(self, model: Model, *, n_ctx: int = 4096, n_batch: int = 512, n_threads: int | None = None,
                  sample: bool = True, seed: int = 0) -> None:

@@ -8,6 +8,12 @@ Words (docs/design.md's, and these):
   its draft costs about nothing; a **costly** one (a model) only when asking it is predicted to pay.
 - **option**: plain decoding (k = 0, no draft), or member m with k = 1 .. k_cap drafts.
 - **band**: the acceptance regime of a request: "greedy", or the rule and a temperature band.
+- **draft mode** of a model member (``Drafter.draft_modes``) in a sampled request whose rule uses
+  q: **sampled** drafts (drawn from q, verified by the request's rule: keep ~ sum min(p, q)) or
+  **argmax** drafts (no q, the exact-match rule: keep ~ p(argmax q)), two arms of the member with
+  their own survival (band "exact-match/t.."); llama.cpp #27694: argmax wins at temp 0.1-0.3,
+  sampled at 0.8-1.0. Which one pays is measured, like any other choice.
+- **arm**: plain, or a costly member in one draft mode (``arm_of``); exploration is per arm.
 - per option, with B the running sequences, S_m the survival of m's drafts (draft_length.py,
   keyed by member, band and "the last verification kept every draft"), c, r, D the cost model's
   verification, post and draft costs (cost_model.py):
@@ -55,10 +61,11 @@ from ..env import env_flag
 from .cost_model import CostModel
 from .draft_length import DraftLengthController
 
-__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "SpecController", "band_of", "keep", "make_controller",
+__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "SpecController", "band_of", "draft_modes_band", "keep",
+           "make_controller",
            "run_plan"]
 
-PLAIN = -1   # the plain arm's index among a slot's arms
+PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
 ENV_AUTO = "LLAMA_SPEC_AUTO"   # the default of auto=None (on when unset)
 CostModelSource = CostModel | dict[str, Any] | str | Path | None
 POOL_WEIGHT = 8.0   # the survival's pooled hazard counts this many positions at the prior (draft_length.py)
@@ -74,11 +81,27 @@ def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> Sp
     return SpecController(cost_model=cost_model)
 
 
+def arm_of(m: int, argmax: bool) -> int:
+    """The arm of member m in a draft mode (sampled: m itself)."""
+    return -(m + 2) if argmax else m
+
+
+def member_of(arm: int) -> int:
+    """requires: arm != PLAIN."""
+    return arm if arm >= 0 else -arm - 2
+
+
 def band_of(greedy: bool, temp: float, rule: str) -> str:
     """The acceptance band of a request (greedy: every rule is exact-match, invariant 2)."""
     if greedy:
         return "greedy"
     return f"{rule}/t<0.5" if temp < 0.5 else f"{rule}/t<1" if temp < 1.0 else f"{rule}/t>=1"
+
+
+def draft_modes_band(greedy: bool, temp: float, rule_uses_q: bool, sample: bool) -> str | None:
+    """The band of argmax drafts when a request may choose its drafts' mode (sampled drafts under
+    a rule that uses q), else None (greedy: the modes coincide; exact-match: argmax only)."""
+    return band_of(False, temp, "exact-match") if not greedy and rule_uses_q and sample else None
 
 
 @dataclass
@@ -97,6 +120,7 @@ class _Slot:
 
     names: list[str]
     costly: list[bool]
+    modes: list[bool]                                         # member -> has the argmax draft mode
     turns: dict[int, int] = field(default_factory=dict)       # arm -> steps it was asked (plain: ran)
     since: dict[int, int] = field(default_factory=dict)       # arm -> steps since it last ran
     len_since: dict[int, int] = field(default_factory=dict)   # member -> cuts since a longer one was tried
@@ -111,11 +135,16 @@ class _Slot:
 
 
 class Plan:
-    """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then ``finish()``."""
+    """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then ``finish()``.
+
+    argmax_band: the band of argmax drafts when this request may choose the draft mode (None: its
+    drafts are as configured); sample: the request's configured mode (``sample_for``)."""
 
     def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, band: str, n_seqs: int, hist_len: int,
-                 sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None) -> None:
+                 sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None,
+                 argmax_band: str | None = None, sample: bool = True) -> None:
         self.ctl, self.st, self.band, self.hist_len = ctl, st, band, hist_len
+        self.argmax_band, self.sample = argmax_band, sample
         self._sync_need = sync_need
         self._needs: dict[int, int] = {}   # member -> tokens its lazy sync decodes (asked once)
         self.n_predict = n_predict
@@ -124,6 +153,7 @@ class Plan:
         # T without drafting, per n_rows 1 .. : as far as a decision needs (``vs``)
         self.v = ctl.step_cost(min(k_cap, 8), self.n_seqs)
         self.member: int | None = None              # whose proposal is held
+        self.held_arm = PLAIN                       # ... and in which draft mode (its arm)
         self.n_held, self.sunk, self.spent = 0, 0.0, 0.0   # drafts held, their seconds, all draft seconds
         self.explored = False
         self.k = 0
@@ -140,13 +170,33 @@ class Plan:
         self._arm = self._choose_arm()
         self._asks = [(i, k_cap) for i, c in enumerate(st.costly) if not c]
         if self._arm[0] != PLAIN and not self._asks:
-            self._asks = [(self._arm[0], self._arm[1])]
+            self._asks = [(member_of(self._arm[0]), self._arm[1])]
 
     # -- before drafting ------------------------------------------------------------------------
+    def arms(self) -> list[int]:
+        """The costly members' arms (both draft modes where this request may choose) and PLAIN."""
+        st = self.st
+        out = [i for i, c in enumerate(st.costly) if c]
+        if self.argmax_band is not None:
+            out += [arm_of(i, True) for i in out if st.modes[i]]
+        return out + [PLAIN]
+
+    def band_for(self, arm: int) -> str:
+        return self.argmax_band if arm < PLAIN and self.argmax_band is not None else self.band
+
+    def arm_drafting(self, m: int) -> int:
+        """The arm member m drafts for now: the chosen arm if it is m's, else m (sampled)."""
+        a = self._arm[0]
+        return a if a != PLAIN and member_of(a) == m else m
+
+    def sample_for(self, m: int) -> bool:
+        """The draft mode member m drafts in now (True: as the request configured it, else argmax)."""
+        return self.sample and self.arm_drafting(m) >= 0
+
     def _choose_arm(self) -> tuple[int, int, float]:
-        """(costly member or PLAIN, cap, predicted rate): cold turns first, then the best, explored."""
+        """(arm, cap, predicted rate): cold turns first, then the best, explored."""
         st, ctl = self.st, self.ctl
-        arms = [i for i, c in enumerate(st.costly) if c] + [PLAIN]
+        arms = self.arms()
         if len(arms) == 1:
             return PLAIN, 0, 0.0
         cold = [a for a in arms if st.turns.get(a, 0) < ctl.min_turns]
@@ -155,19 +205,20 @@ class Plan:
             self.explored = True
             return a, (self.k_cap if a != PLAIN else 0), 0.0
         best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
-        for m in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
-            o = self.options(m, min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1), None)
+        for a in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
+            m = member_of(a)
+            o = self.options(a, min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1), None, pooled=True)
             if o is not None:
                 e, t = o
                 k = int(np.argmax(e[1:] / t[1:])) + 1
-                best[m] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
+                best[a] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
         top = max(best, key=lambda a: best[a][1])
         hi = best[top][1]
         for a in arms:
             if a == top or a not in best or st.since.get(a, 0) < ctl.explore_every:
                 continue
             k, rate, e_a, t_a = best[a]
-            sync = self._resync(a, k) if a != PLAIN else 0.0
+            sync = self._resync(member_of(a), k) if a != PLAIN else 0.0
             loss = t_a - e_a / hi + sync
             # within the budget since it last ran; and a model's sync of a long prompt within the
             # budget of this request's own time (one try must not cost a short request that much)
@@ -196,13 +247,18 @@ class Plan:
         far, near = self.ctl.cost.draft_cost(name, ks, gap), self.ctl.cost.draft_cost(name, ks, 1)
         return 0.0 if far is None or near is None else max(0.0, float(far[0] - near[0]))
 
-    def options(self, m: int, n: int, sunk: float | None) -> tuple[np.ndarray, np.ndarray] | None:
-        """(expected tokens, seconds) of member m's options k = 0 .. n (index k); sunk: the draft
-        already paid (None: predict its cost). None when m's draft cost was never measured."""
-        ctl = self.ctl
-        e = np.concatenate([[1.0], 1.0 + np.cumsum(ctl.survival(self.st.names[m], self.band, self.full, n))])
+    def options(self, arm: int, n: int, sunk: float | None,
+                pooled: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
+        """(expected tokens, seconds) of an arm's options k = 0 .. n (index k); sunk: the draft
+        already paid (None: predict its cost). None when its draft cost was never measured.
+        pooled: its survival whatever the last verification kept (an arm's choice: keyed by that
+        too, an arm tried rarely after full verifications kept a bad early estimate there, and the
+        other mode was chosen every second step)."""
+        ctl, name = self.ctl, self.st.names[member_of(arm)]
+        surv = ctl.survival(name, self.band_for(arm), None if pooled else self.full, n)
+        e = np.concatenate([[1.0], 1.0 + np.cumsum(surv)])
         if sunk is None:
-            d = ctl.cost.draft_cost(self.st.names[m], np.arange(0, n + 1))
+            d = ctl.cost.draft_cost(name, np.arange(0, n + 1))
             if d is None:
                 return None
             d[0] = 0.0   # k = 0: nothing drafted
@@ -216,14 +272,14 @@ class Plan:
             self.v = self.ctl.step_cost(n, self.n_seqs)
         return self.v[: n + 1]
 
-    def rates(self, m: int, n: int, sunk: float | None) -> np.ndarray | None:
-        """Predicted tokens/s of member m's options k = 0 .. n (see ``options``)."""
-        o = self.options(m, n, sunk)
+    def rates(self, arm: int, n: int, sunk: float | None) -> np.ndarray | None:
+        """Predicted tokens/s of an arm's options k = 0 .. n (see ``options``)."""
+        o = self.options(arm, n, sunk)
         return None if o is None else np.asarray(o[0] / o[1], dtype=np.float64)
 
     def next_ask(self) -> tuple[int, int] | None:
-        """The next (member, cap) to draft with, or None: no (more) drafting this step. Its sync gap
-        is read now, before the draft syncs it."""
+        """The next (member, cap) to draft with (in the mode ``sample_for(member)``), or None: no
+        (more) drafting this step. Its sync gap is read now, before the draft syncs it."""
         if not self._asks:
             return None
         ask = self._asks.pop(0)
@@ -238,23 +294,24 @@ class Plan:
         self.ctl.cost.record_draft(st.names[m], n, max(gap, 1), seconds)
         st.longest[m] = max(st.longest.get(m, 0), n)
         self.spent += seconds
+        mine = self.arm_drafting(m)
         if st.costly[m]:
-            st.turns[m] = st.turns.get(m, 0) + 1
+            st.turns[mine] = st.turns.get(mine, 0) + 1
             self.asked_costly = True
         if self._forced:
-            self.member, self.n_held, self.sunk = (m, n, seconds) if n else (None, 0, 0.0)
+            self.member, self.held_arm, self.n_held, self.sunk = (m, mine, n, seconds) if n else (None, PLAIN, 0, 0.0)
             return
+        arm = self._arm[0]
         if n > 0:
             self._asks = []
-            self.member, self.n_held, self.sunk = m, n, seconds
-            arm = self._arm[0]
-            if arm != PLAIN and arm != m and not st.costly[m]:   # a cheap draft in hand: still ask the model?
+            self.member, self.held_arm, self.n_held, self.sunk = m, mine, n, seconds
+            if arm != PLAIN and member_of(arm) != m and not st.costly[m]:   # a cheap draft in hand: still ask the model?
                 r = self.rates(m, n, seconds)
                 if r is None or self._arm[2] > float(r.max()) or (self.explored and self._arm[2] == 0.0):
-                    self._asks = [(arm, self._arm[1])]   # the caller drops the cheap draft (cut(0))
-                    self.member, self.n_held = None, 0
-        elif not self._asks and self._arm[0] != PLAIN and m != self._arm[0] and not st.costly[m]:
-            self._asks = [(self._arm[0], self._arm[1])]   # no cheap draft: the arm chosen before drafting
+                    self._asks = [(member_of(arm), self._arm[1])]   # the caller drops the cheap draft (cut(0))
+                    self.member, self.held_arm, self.n_held = None, PLAIN, 0
+        elif not self._asks and arm != PLAIN and m != member_of(arm) and not st.costly[m]:
+            self._asks = [(member_of(arm), self._arm[1])]   # no cheap draft: the arm chosen before drafting
 
     # -- after drafting ---------------------------------------------------------------------------
     def finish(self, n: int) -> int:
@@ -269,23 +326,23 @@ class Plan:
             # one size timed: the other of (plain = n_seqs rows, the full draft), so two sizes are
             self.k, self.explored = (n if self.ctl.cost.timed(self.n_seqs, self.n_seqs) else 0), True
         else:
-            self.k = self._cut(self.member, n)
+            self.k = self._cut(self.held_arm, n)
         if self.k == 0:
-            self.member = None   # cut to nothing: a plain step
+            self.member, self.held_arm = None, PLAIN   # cut to nothing: a plain step
         if self.member is None and not self.asked_costly:
             st = self.st
             st.turns[PLAIN] = st.turns.get(PLAIN, 0) + 1
-        self._ran(PLAIN if self.member is None else self.member)
+        self._ran(self.held_arm)
         return self.k
 
-    def _cut(self, m: int, n: int) -> int:
-        o = self.options(m, n, self.sunk)
+    def _cut(self, arm: int, n: int) -> int:
+        o = self.options(arm, n, self.sunk)
         assert o is not None
         e, t = o
         r = e / t
         kb = int(np.argmax(r))
         if kb < n:
-            st, ctl = self.st, self.ctl
+            st, ctl, m = self.st, self.ctl, member_of(arm)
             st.len_since[m] = st.len_since.get(m, 0) + 1
             loss = float(t[kb + 1] - e[kb + 1] / r[kb])
             if (st.len_since[m] >= ctl.explore_every
@@ -300,12 +357,19 @@ class Plan:
         if not np.isnan(self.v).any():
             st.clock += float(self.vs(self.k)[-1]) + self.spent
         st.ran_at[arm] = st.clock
-        for a in [i for i, c in enumerate(st.costly) if c] + [PLAIN]:
+        for a in self.arms():
             st.since[a] = 0 if a == arm else st.since.get(a, 0) + 1
 
     @property
+    def held_band(self) -> str:
+        """The band of the proposal held (its survival key)."""
+        return self.band_for(self.held_arm)
+
+    @property
     def member_name(self) -> str | None:
-        return None if self.member is None else self.st.names[self.member]
+        if self.member is None:
+            return None
+        return self.st.names[self.member] + (" argmax" if self.held_arm < PLAIN else "")
 
 
 class SpecController:
@@ -328,11 +392,18 @@ class SpecController:
         self.lengths = np.zeros(65, dtype=np.int64)
         self.explored = 0
 
-    def attach(self, slot: int, names: Sequence[str], costly: Sequence[bool]) -> None:
-        """Slot `slot`'s drafter has these members (in its chain order)."""
-        self.slots[slot] = _Slot(list(names), [bool(c) for c in costly])
+    def attach(self, slot: int, names: Sequence[str], costly: Sequence[bool],
+               modes: Sequence[bool] | None = None) -> None:
+        """Slot `slot`'s drafter has these members (in its chain order); modes[m]: m is costly and
+        has the argmax draft mode (``Drafter.draft_modes``)."""
+        c = [bool(x) for x in costly]
+        md = [bool(x) and y for x, y in zip(modes, c, strict=True)] if modes is not None else [False] * len(c)
+        self.slots[slot] = _Slot(list(names), c, md)
 
-    def survival(self, name: str, band: str, full: bool, n: int) -> np.ndarray:
+    def survival(self, name: str, band: str, full: bool | None, n: int) -> np.ndarray:
+        """S(1) .. S(n) of a member's drafts in a band after a full verification or not (None: both)."""
+        if full is None:
+            return self.accept.survival_of([(name, band, False), (name, band, True)], n)
         return self.accept.survival((name, band, full), n)
 
     def step_cost(self, k_cap: int, n_seqs: int) -> np.ndarray:
@@ -342,11 +413,14 @@ class SpecController:
 
     # -- the core's calls -----------------------------------------------------------------------
     def plan(self, slot: int, k_cap: int, band: str, n_seqs: int, hist_len: int,
-             sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None) -> Plan:
+             sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None,
+             argmax_band: str | None = None, sample: bool = True) -> Plan:
         """Slot `slot`'s decision for its next step. sync_need(m): tokens member m's next draft syncs
-        (None: estimated); n_predict: the request's token budget (bounds one exploration's loss)."""
+        (None: estimated); n_predict: the request's token budget (bounds one exploration's loss);
+        argmax_band: the band of argmax drafts where the request may choose the draft mode
+        (``draft_modes_band``); sample: the request's configured draft mode."""
         st = self.slots[slot]
-        st.plan = Plan(self, st, k_cap, band, n_seqs, hist_len, sync_need, n_predict)
+        st.plan = Plan(self, st, k_cap, band, n_seqs, hist_len, sync_need, n_predict, argmax_band, sample)
         return st.plan
 
     def current(self, slot: int) -> Plan | None:
@@ -361,7 +435,7 @@ class SpecController:
             return None
         st.plan = None
         if plan.member is not None and plan.k > 0:
-            self.accept.record_verify((st.names[plan.member], plan.band, plan.full), plan.k, n_kept)
+            self.accept.record_verify((st.names[plan.member], plan.held_band, plan.full), plan.k, n_kept)
         st.last_full = plan.k > 0 and n_kept == plan.k
         name = plan.member_name or "plain"
         self.choices[name] = self.choices.get(name, 0) + 1
@@ -449,12 +523,19 @@ def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> 
             drafter.truncated(0)
             prop = Proposal()
         m, cap = ask
+        set_mode(plan, drafter.members()[m], m)
         t0 = time.perf_counter()
         got = drafter.draft_member(m, history, cap, p_min)
         plan.drafted(m, len(got), time.perf_counter() - t0)
         if len(got):
             prop = got
     return keep(plan, drafter, prop)
+
+
+def set_mode(plan: Plan, member: Drafter, m: int) -> None:
+    """Before member m drafts: its draft mode for this step (a member with ``draft_modes``)."""
+    if member.draft_modes:
+        member.sample_drafts = plan.sample_for(m)
 
 
 def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:

@@ -44,7 +44,7 @@ from ..observe.observers import Observer
 from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
 from ..rules.tree import TreeRule
-from .controller import SpecController, band_of, keep, run_plan
+from .controller import SpecController, band_of, draft_modes_band, keep, run_plan, set_mode
 from .draft_length import DraftLengthController
 from .prefix import PrefixReuse, SlotCells
 from .prompt_cache import PromptCache, common_prefix
@@ -156,7 +156,8 @@ class StepCore:
             for i, d in enumerate(drafters):
                 if d is not None:
                     d.sit_out_observes()
-                    self.auto.attach(i, d.member_names(), [m.costly for m in d.members()])
+                    self.auto.attach(i, d.member_names(), [m.costly for m in d.members()],
+                                     [m.draft_modes for m in d.members()])
         self.draft_length = DraftLengthController() if adaptive_draft and self.auto is None else None
         self.total = SpecStats()
         self._free = list(range(n_slots))
@@ -521,13 +522,15 @@ class StepCore:
         p = req.sampler.params
         members, history = drafter.members(), s.em.history
         plan = auto.plan(s.slot.index, k_cap, band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
-                         len(self._seqs), len(history), lambda m: members[m].sync_need(history), req.n_predict)
+                         len(self._seqs), len(history), lambda m: members[m].sync_need(history), req.n_predict,
+                         draft_modes_band(p.greedy, p.temp, req.rule.uses_q, req.switch), req.switch)
         if s.slot.group is None:
             return run_plan(plan, drafter, s.em.history, req.p_min)
         ask = plan.next_ask()   # a group member drafts with its group, up to the chosen cap
         if ask is None:
             plan.finish(0)
         else:
+            set_mode(plan, members[ask[0]], ask[0])
             self._pending.append((s, ask[1]))
         return Proposal()
 
