@@ -77,8 +77,12 @@ def _pipe_log(p: subprocess.Popen, tag: str, quiet: bool) -> None:
     threading.Thread(target=pump, daemon=True).start()
 
 
-def start_ours(a: argparse.Namespace, target: Path, draft: Path | None, port: int) -> subprocess.Popen:
+def start_ours(a: argparse.Namespace, target: Path, draft: Path | None, port: int,
+               auto: bool | None = None) -> subprocess.Popen:
+    """auto: --spec-auto / --no-spec-auto (None: the server's default, on)."""
     spec = ["-md", str(draft), "--spec-draft-n-max", str(a.n_max)] if draft is not None else []
+    if auto is not None and draft is not None:
+        spec.append("--spec-auto" if auto else "--no-spec-auto")
     cmd = [sys.executable, "-m", "llama_spec", "serve", "-m", str(target), *spec,
            "--parallel", str(a.parallel), "-c", str(a.ctx), "-t", str(a.threads), "--port", str(port),
            "--queue-size", str(4 * a.parallel)]
@@ -196,7 +200,7 @@ def report(res: dict[str, dict[int, list[float]]], conc: list[int], drafts: dict
     med = out["median_tps"]
     for name, (dr, ac) in drafts.items():
         out["acceptance"][name] = {"drafted": dr, "accepted": ac, "rate": ac / dr if dr else None}
-        if not name.endswith("-plain"):
+        if dr:
             print(f"{name}: drafted {dr}, accepted {ac} ({ac / max(dr, 1):.1%})")
     print(f"\naggregate t/s\n{'C':>3} " + " ".join(f"{n:>12}" for n in med) + ("   ours/native" if "native" in med else ""))
     for c in conc:
@@ -208,6 +212,10 @@ def report(res: dict[str, dict[int, list[float]]], conc: list[int], drafts: dict
     if 1 in med["ours"] and 4 in med["ours"]:
         out["ours_c4_over_c1"] = med["ours"][4] / med["ours"][1]
         print(f"ours C=4 / C=1: {out['ours_c4_over_c1']:.2f}x (goal >= 2.2x)")
+    if "ours-auto" in med and "ours-plain" in med:
+        out["auto_over_best"] = {c: med["ours-auto"][c] / max(med["ours"][c], med["ours-plain"][c]) for c in conc}
+        print("auto / max(fixed, plain): " + ", ".join(f"C={c} {r:.3f}x" for c, r in out["auto_over_best"].items())
+              + " (goal >= 0.97)")
     if "ours-plain" in med and "native-plain" in med:
         out["plain_ratio_vs_native"] = {c: med["ours-plain"][c] / med["native-plain"][c] for c in conc}
         print("plain ours/native: " + ", ".join(f"C={c} {r:.3f}x" for c, r in out["plain_ratio_vs_native"].items()))
@@ -233,6 +241,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="build llama-server from the pinned source in a separate cmake folder (niced, cached)")
     ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--plain", action="store_true", help="also both servers without a draft model (plain batching)")
+    ap.add_argument("--auto", action="store_true",
+                    help="issue 25: ours fixed (--no-spec-auto), ours-auto (the controller) and ours-plain "
+                         "(no draft model); reports auto / max(fixed, plain) per C (goal >= 0.97)")
     ap.add_argument("--quick", action="store_true", help="smoke run: 0.5B <- 0.5B, C=1,2, 16 tokens, 1 round")
     ap.add_argument("--json", default=None)
     a = ap.parse_args(argv)
@@ -244,10 +255,14 @@ def main(argv: list[str] | None = None) -> int:
     target, draft = resolve(a.model), resolve(a.model_draft)
     servers: dict[str, tuple[subprocess.Popen, str]] = {}
     binary = native_binary(a)
-    for suffix, d in [("", draft), *([("-plain", None)] if a.plain else [])]:
+    for suffix, d in [("", draft), *([("-plain", None)] if a.plain or a.auto else [])]:
         port = free_port()
-        servers["ours" + suffix] = (start_ours(a, target, d, port), f"http://127.0.0.1:{port}")
-        if binary is not None:
+        servers["ours" + suffix] = (start_ours(a, target, d, port, False if a.auto else None),
+                                    f"http://127.0.0.1:{port}")
+        if suffix == "" and a.auto:
+            port = free_port()
+            servers["ours-auto"] = (start_ours(a, target, d, port, True), f"http://127.0.0.1:{port}")
+        if binary is not None and (suffix == "" or a.plain):
             port = free_port()
             servers["native" + suffix] = (start_native(a, binary, target, d, port), f"http://127.0.0.1:{port}")
     res: dict[str, dict[int, list[float]]] = {n: {c: [] for c in conc} for n in servers}
@@ -266,7 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     drafts[name][1] += ac
                     print(f"round {r} C={c} {name}: {tps:.2f} t/s, accepted {ac}/{dr} "
                           f"(load {os.getloadavg()[0]:.2f})", file=sys.stderr)
-                    if not name.endswith("-plain") and dr == 0:
+                    if name in ("ours", "native") and dr == 0:
                         raise SystemExit(f"{name} drafted nothing: it is not speculating (see the docstring)")
         out = report(res, conc, {n: (v[0], v[1]) for n, v in drafts.items()})
         out.update(model=str(target), draft=str(draft), n_tokens=a.n_tokens, temp=a.temp, threads=a.threads,

@@ -14,8 +14,8 @@ from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, Spec
 from llama_spec.drafters.ngram import build_ngram_drafter
 from llama_spec.generation import core as core_mod
 from llama_spec.generation.controller import keep
-from llama_spec.observe.observers import Observer
 from llama_spec.testing import distribution as dist
+from llama_spec.testing.resume import KINDS, PROMPT, resume_check
 
 THRESHOLD = 1e-4
 SAMPLING = SamplerParams(temp=1.0, top_k=40, top_p=1.0, min_p=0.0)
@@ -72,59 +72,21 @@ def test_a_decision_that_depends_on_the_emitted_token_keeps_the_distribution(syn
     assert p > THRESHOLD, (p, cells)
 
 
-class Verifications(Observer):
-    """(position of the verification, drafts, kept) of every verification that carried drafts."""
-
-    def __init__(self) -> None:
-        self.positions: list[tuple[int, int, int]] = []
-
-    def on_verify(self, v) -> None:
-        if len(v.proposal):
-            self.positions.append((v.emitted_index, len(v.proposal), v.n_accepted))
-
-
-N_PLAIN = 120  # the issue's 500 takes 4x as long here; a stale drafter fails at 120 as at 500
+N_PLAIN = 120  # the issue's 500 takes 4x as long here (scripts/resume_check.py); a stale drafter fails at 120 too
 N_DRAFT = 16
-PROMPT = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n    return a + b\n\n\ndef"
 
 
-@pytest.mark.parametrize("kind", ["draft-simple", "ngram-map-k", "ngram-mod"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_a_drafter_resumed_after_many_plain_steps_accepts_as_before(smollm, kind):
     """Draft N_DRAFT steps, then N_PLAIN plain steps (no draft: its KV / index is not fed), then
-    draft N_DRAFT again: acceptance after the rest matches a drafter that never sat out, on the
-    same text (greedy: the same tokens)."""
-    def make():
-        if kind == "draft-simple":
-            return DraftModelDrafter(smollm, n_ctx=1024)
-        return build_ngram_drafter(kind, size_n=2, size_m=8) if kind == "ngram-map-k" else build_ngram_drafter(
-            kind, n_match=4, n_min=2, n_max=8)
-
-    def run(sweep, n_predict):
-        gen = SpeculativeGenerator(smollm, make(), n_ctx=1024, n_max=3, auto=True)
-        gen.controller.sweep = sweep
-        rec = Verifications()
-        r = gen.generate(PROMPT, sampling=SamplerParams(temp=0.0), n_predict=n_predict, ignore_eos=True,
-                         observers=[rec])
-        gen.close()
-        return r.tokens, rec.positions
-
-    draft = [(0, 3)] * N_DRAFT
-    # after the rest, twice as many draft steps: an n-gram drafter finds no match on about half of them
-    rested_tokens, rested = run(draft + [(None, 0)] * N_PLAIN + draft * 2 + [(None, 0)] * 1000,
-                                8 * N_DRAFT + N_PLAIN)
-    steady_tokens, steady = run(draft, len(rested_tokens))
-    assert rested_tokens == steady_tokens          # greedy: drafts change speed only
-    first = min(pos for pos, _, _ in rested)
-    resumed = [x for x in rested if x[0] > first + N_PLAIN]    # the drafts after the rest
-    assert len(resumed) >= N_DRAFT // 2
-
-    def kept(rows):   # kept drafts per verification (ngram-map-k adapts its lengths: not per draft)
-        return sum(a for _, _, a in rows) / max(1, len(rows))
-    span = (resumed[0][0], resumed[-1][0])
-    same = [x for x in steady if span[0] - 4 <= x[0] <= span[1]]     # the never-rested drafter, same text
-    assert kept(resumed) >= 0.8 * kept(same), (kept(resumed), kept(same), kept(rested[:N_DRAFT]))
+    draft again: acceptance after the rest matches a drafter that never sat out, on the same text
+    (greedy: the same tokens; llama_spec/testing/resume.py)."""
+    r = resume_check(smollm, kind, N_PLAIN, N_DRAFT)
+    assert r.same_tokens          # greedy: drafts change speed only
+    assert len(r.resumed) >= N_DRAFT // 2
+    assert r.kept(r.resumed) >= 0.8 * r.kept(r.steady), (r.kept(r.resumed), r.kept(r.steady), r.kept(r.before))
     if kind == "draft-simple":   # the model drafts for itself: every draft is kept when in sync
-        assert kept(rested[:N_DRAFT]) > 2.7 and kept(resumed) > 2.7, (kept(rested[:N_DRAFT]), kept(resumed))
+        assert r.kept(r.before) > 2.7 and r.kept(r.resumed) > 2.7, (r.kept(r.before), r.kept(r.resumed))
 
 
 def test_auto_off_repeats_a_seeded_run_and_decides_nothing(smollm):
