@@ -16,7 +16,9 @@ ChatML chat format) and temperature, every arm runs twice, in the order A B .. Z
 
 Reported per prompt: decode t/s of each arm (median of its two runs), auto / plain, auto / oracle
 (the best fixed configuration of that prompt), auto / native, then the medians and minima. The
-auto arm's controller keeps what it measured from prompt to prompt (as a server or chat session).
+auto arm's controller keeps what it measured from prompt to prompt (as a server or chat session);
+ngram-mod's pool is reset before every run (``--keep-pools``: kept), so that no arm's second run of
+a prompt drafts from its first run's output.
 
   python scripts/bench_auto.py                      # 12 prompts, 1.5B <- 0.5B, temps 0 and 0.8
   python scripts/bench_auto.py --quick              # smoke: SmolLM2-135M drafting for itself, 3 prompts
@@ -58,7 +60,7 @@ class Arms:
     def __init__(self, a: argparse.Namespace) -> None:
         from llama_spec import DraftModelDrafter, Model, SpeculativeGenerator
         from llama_spec.drafters.chain import ChainDrafter
-        from llama_spec.drafters.ngram import build_ngram_drafter, parse_spec_types
+        from llama_spec.drafters.ngram import NgramModDrafter, build_ngram_drafter, parse_spec_types
 
         self.target_path, self.draft_path = resolve(a.target), resolve(a.drafter)
         self.target = Model(self.target_path)
@@ -87,8 +89,14 @@ class Arms:
                 self.gens[name] = gen(member("draft-simple", len(shape)), len(shape), auto=False, tree=shape)
             else:
                 self.gens[name] = gen(chain(name), 64 if "ngram" in name else 3, auto=False)
+        self.keep_pools = a.keep_pools
+        self.pools = {arm: [m.pool for m in g.drafter.members() if isinstance(m, NgramModDrafter)]
+                      if g.drafter is not None else [] for arm, g in self.gens.items()}
 
     def run(self, arm: str, prompt: str, temp: float, n: int, seed: int) -> float:
+        if not self.keep_pools:   # every run a request never seen (the second run would copy the first)
+            for pool in self.pools[arm]:
+                pool.reset()
         r = self.gens[arm].generate(prompt, sampling=sampler(temp), n_predict=n, seed=seed)
         return r.stats.decode_tps
 
@@ -156,6 +164,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--fixed", default=None, metavar="ARM[;ARM..]",
                     help="the fixed arms (default: the whole sweep), e.g. 'draft-simple:3;ngram-simple;tree:2,1,1'")
     ap.add_argument("--classes", default="code,prose,edit", help="prompt classes")
+    ap.add_argument("--keep-pools", action="store_true",
+                    help="keep ngram-mod's pool from run to run (default: reset before each run; each prompt "
+                    "runs twice per arm, and a kept pool would hold the first run's output in the second)")
     ap.add_argument("--json", default=None, metavar="FILE")
     ap.add_argument("--quick", action="store_true", help="smoke: small models, 1 prompt per class, 32 tokens, "
                     "a few fixed arms, native only if built")

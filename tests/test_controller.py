@@ -19,13 +19,14 @@ from llama_spec.generation.cost_model import CostModel
 
 
 def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=0, costly=None,
-             names=None, propose=None, gap_s=0.0, modes=None, argmax_band=None):
+             names=None, propose=None, gap_s=0.0, modes=None, argmax_band=None, together=()):
     """`steps` steps of one sequence (priced as one of n_seqs alike). cost(N): seconds of a decode
     of N rows; accept[name]: keep probability per draft; draft_s[name]: seconds per drafted token;
     propose[name]: the probability the member has a draft at all (cheap members); gap_s: seconds a
     costly member's lazy sync takes per token it missed beyond one. Returns (tokens,
     seconds, choices) with choices[i] = (member name or None, k). modes / argmax_band: the costly
-    members with the argmax draft mode and its band (accept["d argmax"]: its keep probability)."""
+    members with the argmax draft mode and its band (accept["d argmax"]: its keep probability).
+    together: members whose drafts are copies, kept or lost together (all k with accept[name], else none)."""
     rng = np.random.default_rng(seed)
     names = names or ["d"]
     costly = costly if costly is not None else [True] * len(names)
@@ -54,7 +55,9 @@ def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=
         ctl.decoded(rows, n_seqs, t)
         kept = 0
         who = plan.member_name
-        while kept < k and rng.random() < accept.get(who, 0.0):
+        if who in together:
+            kept = k if k and rng.random() < accept[who] else 0
+        while who not in together and kept < k and rng.random() < accept.get(who, 0.0):
             kept += 1
         ctl.verified(0, kept, k + 1, 0.0)
         tokens += kept + 1
@@ -85,6 +88,38 @@ def test_cheap_well_accepted_drafts_are_verified_at_a_sensible_length():
     late = [k for _, k in ch[100:]]
     assert np.median(late) >= 5
     assert tok / sec > 2.0 / cost(1)
+
+
+@pytest.mark.parametrize("ramp", [True, False])
+def test_a_long_copy_kept_whole_is_soon_verified_whole(ramp):
+    # An edit prompt's n-gram draft: a 40-token copy of the prompt, kept whole 95 % of the time
+    # (else lost at once), a verification cost like the 1.5B's on 2 cores (c(1) 63 ms, c(5) 184 ms),
+    # the cost model known from earlier requests. Per position the survival beyond a cut is never
+    # seen, so without the ramp (the broken variant, which must fail) the cut grows by one every
+    # other step (1 1 2 2 3 3 ..: a 96-token request ends first); with it 1 2 3 4 6 8 .. 32 40.
+    cost = line(0.033, 0.030)
+    ctl = SpecController(ramp=ramp)
+    for n in (1, 6, 1, 6):
+        ctl.decoded(n, 1, cost(n))
+    tok, sec, ch = simulate(ctl, 20, cost=cost, accept={"c": 0.95}, costly=[False], names=["c"], k_cap=40,
+                            together={"c"}, seed=0)
+    cuts = [k for _, k in ch]
+    assert (max(cuts[:12]) >= 32) == ramp, cuts
+    if ramp:
+        assert tok / sec >= 0.9 * (1 + 0.95 * 40) / cost(41)   # the best fixed option: verify it whole
+
+
+def test_the_ramp_costs_little_where_drafts_are_lost_one_by_one():
+    # Memoryless drafts (each kept with 0.85, as the survival model assumes): the model's cut is
+    # the best there, so a ramp after a full verification only loses; it must lose < 3 % (1.7 %
+    # measured; a ramp straight to 2 k without RAMP_KEEP's check lost 10 % at 0.7).
+    cost = line(0.033, 0.030)
+    rates = []
+    for ramp in (True, False):
+        r = [np.divide(*simulate(SpecController(ramp=ramp), 300, cost=cost, accept={"c": 0.85}, costly=[False],
+                                 names=["c"], k_cap=40, seed=s)[:2]) for s in range(4)]
+        rates.append(np.mean(r))
+    assert rates[0] >= 0.97 * rates[1], rates
 
 
 def test_a_costly_drafter_that_pays_is_used_and_its_length_is_the_best_fixed_one():

@@ -59,6 +59,9 @@ class DraftModelDrafter(Drafter):
         self.sample_drafts = sample
         self.collect_topk = False
         self._kv: list[int] = []     # the tokens in seq_id's KV cells, position by position
+        # _kv[:_agreed] is known to equal the request's history (append-only): the sync compares
+        # only what came after, so each step's comparison is a few tokens, not the whole history.
+        self._agreed = 0
         self._tree_rng = new_tree_rng(seed)
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
@@ -89,6 +92,7 @@ class DraftModelDrafter(Drafter):
         False when the KV stops before pos0 (a gap, which should not happen: the lazy sync fills it)."""
         self.ctx.rollback(self.seq_id, pos0)
         del self._kv[pos0:]
+        self._agreed = min(self._agreed, pos0)  # cells written from pos0 on are compared anew
         return len(self._kv) == pos0
 
     def sit_out_observes(self) -> None:
@@ -96,7 +100,7 @@ class DraftModelDrafter(Drafter):
 
     def begin(self, prompt: list[int]) -> None:
         # Lazy: the first draft() syncs the KV with the history, keeping any common prefix.
-        pass
+        self._agreed = 0
 
     def begin_prefix(self, prompt: list[int], n_kept: int) -> int:
         """Keep the cells of the common prefix of the KV and prompt[:n_kept]; whatever is missing
@@ -104,6 +108,7 @@ class DraftModelDrafter(Drafter):
         c = common_prefix(self._kv, prompt[:n_kept])
         self.ctx.rollback(self.seq_id, c)
         del self._kv[c:]
+        self._agreed = c
         return n_kept
 
     def save_prefix(self) -> bytes | None:
@@ -114,31 +119,34 @@ class DraftModelDrafter(Drafter):
     def load_prefix(self, data: bytes | None) -> None:
         self.ctx.seq_rm(self.seq_id, -1, -1)
         self._kv = []
+        self._agreed = 0
         if data is None:
             return
         (n,) = struct.unpack_from("<q", data)
         self.ctx.load_state(data[8 + 4 * n:], self.seq_id)
         self._kv = np.frombuffer(data, dtype=np.int32, count=n, offset=8).tolist()
 
-    def sync_plan(self, history: list[int]) -> tuple[int, list[int]]:
-        """Drop the cells past the longest prefix the KV shares with history[:-1]; return (c, todo):
-        todo = history[c:] must be decoded at c.. (usually one token) before drafting."""
+    def kept_prefix(self, history: list[int]) -> int:
+        """The longest prefix of history[:-1] the KV holds (does not touch the KV). requires:
+        history extends the one of the last sync in this request (it only grows)."""
         kv = self._kv
-        c = min(len(kv), len(history) - 1)
-        # Divergence is only ever near the end (rejected drafts); scan a short window.
-        for i in range(max(0, c - 80), c):
-            if kv[i] != history[i]:
-                c = i
-                break
+        n = min(len(kv), len(history) - 1)
+        a = min(self._agreed, n)
+        return a + common_prefix(kv[a:n], history[a:n])
+
+    def sync_plan(self, history: list[int]) -> tuple[int, list[int]]:
+        """Drop the cells past ``kept_prefix(history)``; return (c, todo): todo = history[c:] must
+        be decoded at c.. (usually one token) before drafting; the caller appends it to the KV."""
+        c = self.kept_prefix(history)
         # roll back even when c == len(kv): a decode interrupted (Ctrl-C) may have left cells past kv
         self.ctx.rollback(self.seq_id, c)
-        del kv[c:]
+        del self._kv[c:]
+        self._agreed = len(history)  # once todo is in; min(_, len(kv)) covers a decode that failed
         return c, history[c:]
 
     def sync_need(self, history: list[int]) -> int | None:
-        """len(history) - the prefix of history[:-1] the KV holds: what the lazy sync decodes."""
-        n = min(len(self._kv), len(history) - 1)
-        return len(history) - common_prefix(self._kv[:n], history[:n])
+        """len(history) - ``kept_prefix(history)``: what the lazy sync decodes."""
+        return len(history) - self.kept_prefix(history)
 
     def _sync(self, history: list[int]) -> np.ndarray:
         """Make the KV hold history[:-1] + decode history[-1]; return its logits row."""
@@ -184,6 +192,7 @@ class DraftModelDrafter(Drafter):
         self.ctx.close()
         self.ctx = Context(self.model, n_seq_max=n_seq, kv_unified=True, **self._ctx_args)  # type: ignore[arg-type]
         self._kv = []
+        self._agreed = 0
 
     def draft_tree(self, history: list[int], shape: tuple[int, ...], p_min: float) -> TreeProposal:
         """A tree proposal of `shape` continuing `history`: one draft batch per depth, each node in
