@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from llama_spec.drafters.base import Drafter, Proposal
-from llama_spec.generation.controller import SpecController, band_of, make_controller, run_plan
+from llama_spec.generation.controller import RequestView, SpecController, band_of, make_controller, run_plan
 from llama_spec.generation.cost_model import CostModel
 
 
@@ -36,7 +36,7 @@ def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=
     band = "token/t<1" if argmax_band else "greedy"
     tokens, seconds, choices, hist, last = 0, 0.0, [], 100, {}
     for _ in range(steps):
-        plan = ctl.plan(0, k_cap, band, n_seqs, hist, argmax_band=argmax_band)
+        plan = ctl.plan(0, k_cap, RequestView(band, argmax_band=argmax_band), n_seqs, hist)
         held, t_draft = 0, 0.0
         while (ask := plan.next_ask()) is not None:
             m, cap = ask
@@ -270,8 +270,8 @@ def run_requests(ctl, n_requests, *, n_predict, prompt_len, cost, accept, d_tok,
         tokens, seconds = 0, 0.0
         for _ in range(n_predict):
             need = hist - synced if synced else hist
-            plan = ctl.plan(0, 4, "greedy", 1, hist, (lambda m, need=need: need) if tell_need else None,
-                            n_predict if tell_need else None)
+            plan = ctl.plan(0, 4, RequestView("greedy", n_predict if tell_need else None), 1, hist,
+                            (lambda m, need=need: need) if tell_need else None)
             held, t_draft = 0, 0.0
             while (ask := plan.next_ask()) is not None:
                 t_draft = d_tok * ask[1] + sync_tok * need
@@ -326,7 +326,7 @@ def test_argmax_drafts_are_asked_for_in_the_argmax_arm_only():
     ctl.attach(0, ["ngram", "d"], [False, True], [False, True])
     modes = set()
     for i in range(60):
-        plan = ctl.plan(0, 3, "token/t<1", 1, 100 + i, argmax_band="exact-match/t<1")
+        plan = ctl.plan(0, 3, RequestView("token/t<1", argmax_band="exact-match/t<1"), 1, 100 + i)
         while (ask := plan.next_ask()) is not None:
             m, cap = ask
             if m == 0:

@@ -69,7 +69,7 @@ from ..env import env_flag
 from .cost_model import CostModel
 from .draft_length import DraftLengthController
 
-__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "SpecController", "band_of", "draft_modes_band", "keep",
+__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band", "keep",
            "make_controller",
            "run_plan"]
 
@@ -112,6 +112,19 @@ def draft_modes_band(greedy: bool, temp: float, rule_uses_q: bool, sample: bool)
     return band_of(False, temp, "exact-match") if not greedy and rule_uses_q and sample else None
 
 
+@dataclass(frozen=True)
+class RequestView:
+    """What a plan needs of its request, built once per request: band (``band_of``); n_predict: its
+    token budget (bounds one exploration's loss; None: unbounded); argmax_band: the band of argmax
+    drafts where it may choose the draft mode (``draft_modes_band``; None: as configured);
+    sample: its configured draft mode."""
+
+    band: str
+    n_predict: int | None = None
+    argmax_band: str | None = None
+    sample: bool = True
+
+
 RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (module docstring, Ramp)
 
 
@@ -147,19 +160,19 @@ class _Slot:
 
 
 class Plan:
-    """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then ``finish()``.
+    """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then
+    ``finish()``. sync_need(m): tokens member m's next draft syncs (None: estimated)."""
 
-    argmax_band: the band of argmax drafts when this request may choose the draft mode (None: its
-    drafts are as configured); sample: the request's configured mode (``sample_for``)."""
-
-    def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, band: str, n_seqs: int, hist_len: int,
-                 sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None,
-                 argmax_band: str | None = None, sample: bool = True) -> None:
-        self.ctl, self.st, self.band, self.hist_len = ctl, st, band, hist_len
-        self.argmax_band, self.sample = argmax_band, sample
+    def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, req: RequestView, n_seqs: int, hist_len: int,
+                 sync_need: Callable[[int], int | None] | None = None) -> None:
+        self.ctl, self.st, self.hist_len = ctl, st, hist_len
+        self.band, self.argmax_band, self.sample, self.n_predict = req.band, req.argmax_band, req.sample, req.n_predict
         self._sync_need = sync_need
         self._needs: dict[int, int] = {}   # member -> tokens its lazy sync decodes (asked once)
-        self.n_predict = n_predict
+        costly = [i for i, c in enumerate(st.costly) if c]
+        if self.argmax_band is not None:
+            costly += [arm_of(i, True) for i in costly if st.modes[i]]
+        self._arms = costly + [PLAIN]
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
         # T without drafting, per n_rows 1 .. : as far as a decision needs (``vs``)
@@ -187,11 +200,7 @@ class Plan:
     # -- before drafting ------------------------------------------------------------------------
     def arms(self) -> list[int]:
         """The costly members' arms (both draft modes where this request may choose) and PLAIN."""
-        st = self.st
-        out = [i for i, c in enumerate(st.costly) if c]
-        if self.argmax_band is not None:
-            out += [arm_of(i, True) for i in out if st.modes[i]]
-        return out + [PLAIN]
+        return self._arms
 
     def band_for(self, arm: int) -> str:
         return self.argmax_band if arm < PLAIN and self.argmax_band is not None else self.band
@@ -433,15 +442,13 @@ class SpecController:
         return self.cost.verify_cost(n * n_seqs, n_seqs) / n_seqs + self.cost.post_cost(n)
 
     # -- the core's calls -----------------------------------------------------------------------
-    def plan(self, slot: int, k_cap: int, band: str, n_seqs: int, hist_len: int,
-             sync_need: Callable[[int], int | None] | None = None, n_predict: int | None = None,
-             argmax_band: str | None = None, sample: bool = True) -> Plan:
-        """Slot `slot`'s decision for its next step. sync_need(m): tokens member m's next draft syncs
-        (None: estimated); n_predict: the request's token budget (bounds one exploration's loss);
-        argmax_band: the band of argmax drafts where the request may choose the draft mode
-        (``draft_modes_band``); sample: the request's configured draft mode."""
+    def plan(self, slot: int, k_cap: int, req: RequestView | str, n_seqs: int, hist_len: int,
+             sync_need: Callable[[int], int | None] | None = None) -> Plan:
+        """Slot `slot`'s decision for its next step of request `req` (a band alone: a request of
+        that band with the defaults); sync_need(m): tokens member m's next draft syncs (None: estimated)."""
         st = self.slots[slot]
-        st.plan = Plan(self, st, k_cap, band, n_seqs, hist_len, sync_need, n_predict, argmax_band, sample)
+        view = RequestView(req) if isinstance(req, str) else req
+        st.plan = Plan(self, st, k_cap, view, n_seqs, hist_len, sync_need)
         return st.plan
 
     def current(self, slot: int) -> Plan | None:

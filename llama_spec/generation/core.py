@@ -44,7 +44,7 @@ from ..observe.observers import Observer
 from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
 from ..rules.tree import TreeRule
-from .controller import SpecController, band_of, draft_modes_band, keep, run_plan, set_mode
+from .controller import RequestView, SpecController, band_of, draft_modes_band, keep, run_plan, set_mode
 from .draft_length import DraftLengthController
 from .prefix import PrefixReuse, SlotCells
 from .prompt_cache import PromptCache, common_prefix
@@ -97,6 +97,7 @@ class _Seq:
     prop: Proposal = field(default_factory=Proposal)
     tree: TreeProposal | None = None  # a tree request's proposal (prop is then empty)
     t1: float = 0.0                 # end of the prefill
+    view: RequestView | None = None  # the request as the speculation controller sees it (auto)
 
 
 class StepCore:
@@ -521,9 +522,12 @@ class StepCore:
         req, auto = s.req, cast(SpecController, self.auto)
         p = req.sampler.params
         members, history = drafter.members(), s.em.history
-        plan = auto.plan(s.slot.index, k_cap, band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
-                         len(self._seqs), len(history), lambda m: members[m].sync_need(history), req.n_predict,
-                         draft_modes_band(p.greedy, p.temp, req.rule.uses_q, req.switch), req.switch)
+        if s.view is None:   # once per request
+            s.view = RequestView(band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
+                                 req.n_predict, draft_modes_band(p.greedy, p.temp, req.rule.uses_q, req.switch),
+                                 req.switch)
+        plan = auto.plan(s.slot.index, k_cap, s.view, len(self._seqs), len(history),
+                         lambda m: members[m].sync_need(history))
         if s.slot.group is None:
             return run_plan(plan, drafter, s.em.history, req.p_min)
         ask = plan.next_ask()   # a group member drafts with its group, up to the chosen cap
