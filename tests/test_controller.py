@@ -96,7 +96,7 @@ def test_a_long_copy_kept_whole_is_soon_verified_whole(ramp):
     # (else lost at once), a verification cost like the 1.5B's on 2 cores (c(1) 63 ms, c(5) 184 ms),
     # the cost model known from earlier requests. Per position the survival beyond a cut is never
     # seen, so without the ramp (the broken variant, which must fail) the cut grows by one every
-    # other step (1 1 2 2 3 3 ..: a 96-token request ends first); with it 1 2 3 4 6 8 .. 32 40.
+    # other step (1 1 2 2 3 3 ..: a 96-token request ends first); with it 1 2 3 4 8 16 32 40.
     cost = line(0.033, 0.030)
     ctl = SpecController(ramp=ramp)
     for n in (1, 6, 1, 6):
@@ -104,7 +104,7 @@ def test_a_long_copy_kept_whole_is_soon_verified_whole(ramp):
     tok, sec, ch = simulate(ctl, 20, cost=cost, accept={"c": 0.95}, costly=[False], names=["c"], k_cap=40,
                             together={"c"}, seed=0)
     cuts = [k for _, k in ch]
-    assert (max(cuts[:12]) >= 32) == ramp, cuts
+    assert (max(cuts[:8]) >= 32) == ramp, cuts   # (without the copies check: at step 12)
     if ramp:
         assert tok / sec >= 0.9 * (1 + 0.95 * 40) / cost(41)   # the best fixed option: verify it whole
 

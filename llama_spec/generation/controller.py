@@ -40,11 +40,13 @@ costs several plain steps.) Lengths are explored the same way: k_best + 1 instea
 tries of one option are at least ``explore_every`` steps apart.
 
 Ramp: when the arm's last verification kept all of its k drafts, the next cut of the same arm is
-the longest of k_best + 1 .. min(2 k, its length) predicted at >= ``RAMP_KEEP`` of the best cut's
-rate (if any). Why: survival is per position and a cut censors the positions after it, so the
-prior rules there; but n-gram drafts are often copies, kept or lost together (an edit prompt's
-44-token copy, all kept, was cut to 1-3 per step: 16.5 t/s, against 21.7 verifying it whole;
-19.3 with the ramp; session 12). The ramp reaches a long copy in a few steps, at a bounded
+the longest of k_best + 1 .. min(2 k, its length) predicted at >= ``RAMP_KEEP`` (0.95) of the
+best cut's rate, if any; ``RAMP_KEEP_COPIES`` (0.6) where the member's drafts in this band were
+kept whole ``CALIB_COPIES`` (1.25) x as often as the survival model predicted (``copies``: the
+calibration of S(k) at the cuts verified). Why: survival is per position and a cut censors the
+positions after it, so the prior rules there; but n-gram drafts are often copies, kept or lost
+together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per step: 16.5 t/s, against
+21.7 verifying it whole; session 12). The ramp reaches a long copy in a few steps, at a bounded
 price where drafts are lost one by one (the model's own assumption): 1-3 % in simulation.
 
 Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
@@ -126,6 +128,8 @@ class RequestView:
 
 
 RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (module docstring, Ramp)
+RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as often as predicted
+CALIB_COPIES, CALIB_DECAY = 1.25, 0.95
 
 
 @dataclass
@@ -182,6 +186,7 @@ class Plan:
         self.n_held, self.sunk, self.spent = 0, 0.0, 0.0   # drafts held, their seconds, all draft seconds
         self.explored = False
         self.k = 0
+        self.predicted_full: float | None = None    # S(k) of the cut verified, as predicted
         self._asks: list[tuple[int, int]] = []
         self._arm: tuple[int, int, float] = (PLAIN, 0, 0.0)   # pre-draft: arm, cap, its predicted rate
         self.asked_costly = False
@@ -350,6 +355,9 @@ class Plan:
             self.k = self._cut(self.held_arm, n)
         if self.k == 0:
             self.member, self.held_arm = None, PLAIN   # cut to nothing: a plain step
+        elif not self._forced and self.ctl.cost.ready() and not np.isnan(self.v).any():
+            e = self.options(self.held_arm, self.k, self.sunk)
+            self.predicted_full = None if e is None else float(e[0][self.k] - e[0][self.k - 1])
         if self.member is None and not self.asked_costly:
             st = self.st
             st.turns[PLAIN] = st.turns.get(PLAIN, 0) + 1
@@ -365,7 +373,8 @@ class Plan:
         st = self.st
         up = min(2 * st.last_cut[1], n) if self.ctl.ramp and st.last_cut is not None and st.last_cut[0] == arm else 0
         if up > kb:
-            ok = np.flatnonzero(r[kb + 1: up + 1] >= RAMP_KEEP * r[kb])
+            keep = RAMP_KEEP_COPIES if self.ctl.copies(st.names[member_of(arm)], self.band_for(arm)) else RAMP_KEEP
+            ok = np.flatnonzero(r[kb + 1: up + 1] >= keep * r[kb])
             if len(ok):
                 self.explored = True   # the ramp (module docstring)
                 return kb + 1 + int(ok[-1])
@@ -417,6 +426,7 @@ class SpecController:
         self.cost, self.accept = load_cost_model(cost_model, decay)
         self.sweep = list(sweep)
         self.ramp = ramp   # the cut's ramp after a full verification (module docstring)
+        self.calib: dict[tuple[str, str], np.ndarray] = {}   # (member, band) -> decayed (S(k) predicted, full, n)
         self.slots: dict[int, _Slot] = {}
         self.choices: dict[str, int] = {}        # "plain" / member name -> steps
         self.lengths = np.zeros(65, dtype=np.int64)
@@ -435,6 +445,12 @@ class SpecController:
         if full is None:
             return self.accept.survival_of([(name, band, False), (name, band, True)], n)
         return self.accept.survival((name, band, full), n)
+
+    def copies(self, name: str, band: str) -> bool:
+        """A member's drafts in a band are kept whole more often than the survival model predicts
+        (CALIB_COPIES x over >= 3 decayed verifications): copies, kept or lost together."""
+        c = self.calib.get((name, band))
+        return c is not None and c[2] >= 3.0 and (c[1] + 1.0) >= CALIB_COPIES * (c[0] + 1.0)
 
     def step_cost(self, k_cap: int, n_seqs: int) -> np.ndarray:
         """Seconds of a step of one sequence without its draft, for n_rows = 1 .. k_cap + 1."""
@@ -464,6 +480,10 @@ class SpecController:
         st.plan = None
         if plan.member is not None and plan.k > 0:
             self.accept.record_verify((st.names[plan.member], plan.held_band, plan.full), plan.k, n_kept)
+            if plan.predicted_full is not None:
+                key = (st.names[plan.member], plan.held_band)
+                c = self.calib.get(key, np.zeros(3)) * CALIB_DECAY
+                self.calib[key] = c + (plan.predicted_full, float(n_kept == plan.k), 1.0)
         st.last_full = plan.k > 0 and n_kept == plan.k
         st.last_cut = (plan.held_arm, plan.k) if st.last_full else None
         name = plan.member_name or "plain"
