@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 from llama_spec.drafters.base import Drafter, Proposal
+from llama_spec.generation import controller
 from llama_spec.generation.controller import RequestView, SpecController, band_of, make_controller, run_plan
 from llama_spec.generation.cost_model import CostModel
 
@@ -120,6 +121,31 @@ def test_the_ramp_costs_little_where_drafts_are_lost_one_by_one():
                                  names=["c"], k_cap=40, seed=s)[:2]) for s in range(4)]
         rates.append(np.mean(r))
     assert rates[0] >= 0.97 * rates[1], rates
+
+
+@pytest.mark.parametrize("margin", [True, False])
+@pytest.mark.parametrize("gain, used", [(0.04, False), (0.15, True)])
+def test_a_costly_drafter_is_used_only_where_it_pays_by_more_than_the_margin(gain, used, margin, monkeypatch):
+    # A draft model whose fixed k = 3 is `gain` faster than plain, its costs and acceptance well
+    # measured (as after many requests): a toss-up (2 %) decodes plainly (PLAIN_MARGIN 5 %), a
+    # clear gain (15 %) speculates. Without the margin (the broken variant) the 2 % one speculates.
+    if not margin:
+        monkeypatch.setattr(controller, "PLAIN_MARGIN", 0.0)
+    cost, acc, k = line(0.030, 0.010), 0.9, 3
+    e = 1 + sum(acc ** i for i in range(1, k + 1))
+    d = (e / ((1 + gain) / cost(1)) - cost(k + 1)) / (k + 1)    # seconds per drafted token for that gain
+    ctl = SpecController()
+    pattern = [0] * 10 + [1] * 9 + [2] * 8 + [3] * 73      # kept counts of 100 verifications at 0.9 exactly
+    np.random.default_rng(1).shuffle(pattern)
+    for kept in pattern * 3:
+        for full in (False, True):
+            ctl.accept.record_verify(("d", "greedy", full), k, kept)
+        for n in (1, k + 1):
+            ctl.decoded(n, 1, cost(n))
+        ctl.cost.record_draft("d", k, 1, d * (k + 1))
+    _, _, ch = simulate(ctl, 300, cost=cost, accept={"d": acc}, draft_s={"d": d}, k_cap=k)
+    drafted = sum(w == "d" for w, _ in ch[100:]) / 200
+    assert (drafted > 0.6) if used or not margin else (drafted < 0.2), drafted
 
 
 def test_a_costly_drafter_that_pays_is_used_and_its_length_is_the_best_fixed_one():
