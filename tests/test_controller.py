@@ -272,6 +272,26 @@ def test_saved_model_round_trips_as_a_light_prior(tmp_path):
         SpecController(cost_model={"x": 1})
 
 
+def test_a_slot_pays_no_cold_turns_for_what_another_slot_measured():
+    # Slot 0 learns that the draft model loses to plain; slot 1 (same controller, as in a server)
+    # then decodes plainly from its first step, without the cold turns slot 0 paid at full length.
+    ctl = SpecController()
+    cost = line(0.030, 0.006)
+    simulate(ctl, 200, cost=cost, accept={"d": 0.1}, draft_s={"d": 0.018})
+    ctl.attach(1, ["d"], [True])
+    first = []
+    for _ in range(5):
+        plan = ctl.plan(1, 5, "greedy", 1, 100)
+        ask = plan.next_ask()
+        first.append(ask)
+        if ask is not None:
+            plan.drafted(ask[0], ask[1], 0.018 * (ask[1] + 1))
+        k = plan.finish(ask[1] if ask else 0)
+        ctl.decoded(k + 1, 1, cost(k + 1))
+        ctl.verified(1, 0, k + 1, 0.0)
+    assert first == [None] * 5, first
+
+
 def test_switches_and_bands(monkeypatch):
     monkeypatch.delenv("LLAMA_SPEC_AUTO", raising=False)
     assert make_controller(None) is not None and make_controller(False) is None

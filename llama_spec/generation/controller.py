@@ -33,7 +33,8 @@ errors decide (at temp 0.8 on 2 cores, argmax drafts of the 0.5B predicted ~4 % 
 ran 0.88x plain; session 12).
 
 Exploration: each costly member and plain get ``min_turns`` turns first (costly members first, at
-the full length); then the best option is chosen, and a losing one is tried once (so it stays
+the full length) unless the shared cost model already knows them (another slot measured them, or
+a saved model; a server's 8 slots paid the cold turns 8 times over); then the best option is chosen, and a losing one is tried once (so it stays
 measured) when the time since it last ran, times ``explore_budget``, covers what trying it is
 predicted to lose: its seconds minus its tokens at the best rate, plus the lazy sync of the tokens
 it missed (``Drafter.sync_need``: a draft model in a new request syncs the whole prompt); and that
@@ -231,7 +232,7 @@ class Plan:
         arms = self.arms()
         if len(arms) == 1:
             return PLAIN, 0, 0.0
-        cold = [a for a in arms if st.turns.get(a, 0) < ctl.min_turns]
+        cold = [a for a in arms if st.turns.get(a, 0) < ctl.min_turns and not self._measured(a)]
         if cold or np.isnan(self.v).any():
             a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
             self.explored = True
@@ -262,6 +263,15 @@ class Plan:
                 self.explored = True
                 return a, k, rate
         return top, best[top][0], hi
+
+    def _measured(self, arm: int) -> bool:
+        """The shared cost model already knows this arm (other slots, a saved model): no cold turns."""
+        ctl = self.ctl
+        if arm == PLAIN:
+            return not np.isnan(self.v[0])
+        name, band = self.st.names[member_of(arm)], self.band_for(arm)
+        return (ctl.cost.draft_cost(name, np.array([1])) is not None
+                and ctl.accept.count([(name, band, False), (name, band, True)]) >= 1.0)
 
     def sync_gap(self, m: int) -> int:
         """Tokens member m's lazy sync decodes before its next draft (>= 1): as the drafter says

@@ -106,6 +106,10 @@ class DraftLengthController:
         hazard = (h.kept[:n] + prior * pw) / (h.reached[:n] + pw)
         return np.cumprod(hazard)
 
+    def count(self, keys: list[object]) -> float:
+        """Decayed number of verifications recorded under these keys."""
+        return float(sum(self._hz[k].reached[0] for k in keys if k in self._hz))
+
     def cut(self, key: object, n_drafted: int) -> int:
         """The cut for a proposal of n_drafted tokens from drafter `key` (n_drafted when unknown)."""
         n = min(int(n_drafted), MAX_LEN)
