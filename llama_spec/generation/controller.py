@@ -74,8 +74,7 @@ import numpy as np
 
 from ..drafters.base import Drafter, Proposal
 from ..env import env_flag
-from .cost_model import CostModel
-from .draft_length import DraftLengthController
+from .cost_model import CostModelSource, load_cost_model
 
 __all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band", "keep",
            "make_controller",
@@ -83,8 +82,6 @@ __all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "Spec
 
 PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
 ENV_AUTO = "LLAMA_SPEC_AUTO"   # the default of auto=None (on when unset)
-CostModelSource = CostModel | dict[str, Any] | str | Path | None
-POOL_WEIGHT = 8.0   # the survival's pooled hazard counts this many positions at the prior (draft_length.py)
 
 
 def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> SpecController | None:
@@ -565,21 +562,6 @@ class SpecController:
 def _member_band(key: object) -> str:
     """'member@band' of a survival key (member, band, last_full)."""
     return f"{key[0]}@{key[1]}" if isinstance(key, tuple) and len(key) == 3 else str(key)
-
-
-def load_cost_model(src: CostModelSource,
-                    decay: float) -> tuple[CostModel, DraftLengthController]:
-    """(cost model, survival) from a CostModel, a saved dict, a JSON file, or fresh (None)."""
-    accept = DraftLengthController(decay=decay, pool_weight=POOL_WEIGHT)
-    if src is None:
-        return CostModel(decay), accept
-    if isinstance(src, CostModel):
-        return src, accept
-    data = src if isinstance(src, dict) else json.loads(Path(src).read_text())
-    if "cost" not in data:
-        raise ValueError("cost model: not a file written by `llama-spec tune --save` (no 'cost' entry)")
-    accept.load(data.get("survival", []))
-    return CostModel.from_dict(data["cost"]), accept
 
 
 def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> Proposal:

@@ -30,9 +30,13 @@ so this machine's own measurements take over within a few steps.
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from .draft_length import DraftLengthController
 
 __all__ = ["PRIOR_WEIGHT", "CostModel", "LinearFit"]
 
@@ -217,3 +221,22 @@ class CostModel:
             m.draft_lines[name] = LinearFit(2, m.decay)
             m.draft_lines[name].load(fit, PRIOR_WEIGHT * 4)
         return m
+
+
+CostModelSource = CostModel | dict[str, Any] | str | Path | None
+POOL_WEIGHT = 8.0   # the survival's pooled hazard counts this many positions at the prior (draft_length.py)
+
+
+def load_cost_model(src: CostModelSource,
+                    decay: float) -> tuple[CostModel, DraftLengthController]:
+    """(cost model, survival) from a CostModel, a saved dict, a JSON file, or fresh (None)."""
+    accept = DraftLengthController(decay=decay, pool_weight=POOL_WEIGHT)
+    if src is None:
+        return CostModel(decay), accept
+    if isinstance(src, CostModel):
+        return src, accept
+    data = src if isinstance(src, dict) else json.loads(Path(src).read_text())
+    if "cost" not in data:
+        raise ValueError("cost model: not a file written by `llama-spec tune --save` (no 'cost' entry)")
+    accept.load(data.get("survival", []))
+    return CostModel.from_dict(data["cost"]), accept
