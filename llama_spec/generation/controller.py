@@ -367,21 +367,21 @@ class Plan:
             # one size timed: the other of (plain = n_seqs rows, the full draft), so two sizes are
             self.k, self.explored = (n if self.ctl.cost.timed(self.n_seqs, self.n_seqs) else 0), True
         else:
-            self.k = self._cut(self.held_arm, n)
+            e = self.options(self.held_arm, n, self.sunk)
+            assert e is not None   # sunk is known: the draft was timed
+            self.k = self._cut(self.held_arm, n, e)
+            if self.k > 0:   # S(k) predicted at the cut, for the copies calibration
+                self.predicted_full = float(e[0][self.k] - e[0][self.k - 1])
         if self.k == 0:
             self.member, self.held_arm = None, PLAIN   # cut to nothing: a plain step
-        elif not self._forced and self.ctl.cost.ready() and not np.isnan(self.v).any():
-            e = self.options(self.held_arm, self.k, self.sunk)
-            self.predicted_full = None if e is None else float(e[0][self.k] - e[0][self.k - 1])
         if self.member is None and not self.asked_costly:
             st = self.st
             st.turns[PLAIN] = st.turns.get(PLAIN, 0) + 1
         self._ran(self.held_arm)
         return self.k
 
-    def _cut(self, arm: int, n: int) -> int:
-        o = self.options(arm, n, self.sunk)
-        assert o is not None
+    def _cut(self, arm: int, n: int, o: tuple[np.ndarray, np.ndarray]) -> int:
+        """The drafts to verify (0 .. n) given the held arm's options o = (expected tokens, seconds)."""
         e, t = o
         r = e / t
         kb = int(np.argmax(r))
@@ -429,7 +429,8 @@ class SpecController:
 
     cost_model: a saved model (``to_dict()`` of a CostModel, or a path to its JSON) to start from.
     sweep: (member or None, k) options tried in turn instead of deciding (``llama-spec tune``).
-    ramp: a full verification's next cut of the same arm is at least twice as long (the module's Ramp).
+    ramp: after a full verification, the next cut of the same arm may be up to twice as long where
+        predicted within RAMP_KEEP of the best cut's rate (the module's Ramp).
     """
 
     def __init__(self, *, explore_budget: float = 0.02, explore_every: int = 16, min_turns: int = 2,
