@@ -20,14 +20,15 @@ from llama_spec.generation.cost_model import CostModel
 
 
 def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=0, costly=None,
-             names=None, propose=None, gap_s=0.0, modes=None, argmax_band=None, together=()):
+             names=None, propose=None, gap_s=0.0, modes=None, argmax_band=None, together=(), need=None):
     """`steps` steps of one sequence (priced as one of n_seqs alike). cost(N): seconds of a decode
     of N rows; accept[name]: keep probability per draft; draft_s[name]: seconds per drafted token;
     propose[name]: the probability the member has a draft at all (cheap members); gap_s: seconds a
     costly member's lazy sync takes per token it missed beyond one. Returns (tokens,
     seconds, choices) with choices[i] = (member name or None, k). modes / argmax_band: the costly
     members with the argmax draft mode and its band (accept["d argmax"]: its keep probability).
-    together: members whose drafts are copies, kept or lost together (all k with accept[name], else none)."""
+    together: members whose drafts are copies, kept or lost together (all k with accept[name], else none).
+    need: the plan's sync_need (None: the controller estimates the sync from the steps missed)."""
     rng = np.random.default_rng(seed)
     names = names or ["d"]
     costly = costly if costly is not None else [True] * len(names)
@@ -37,7 +38,7 @@ def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=
     band = "token/t<1" if argmax_band else "greedy"
     tokens, seconds, choices, hist, last = 0, 0.0, [], 100, {}
     for _ in range(steps):
-        plan = ctl.plan(0, k_cap, RequestView(band, argmax_band=argmax_band), n_seqs, hist)
+        plan = ctl.plan(0, k_cap, RequestView(band, argmax_band=argmax_band), n_seqs, hist, need)
         held, t_draft = 0, 0.0
         while (ask := plan.next_ask()) is not None:
             m, cap = ask
@@ -191,6 +192,30 @@ def test_exploration_of_a_loser_is_rare_rarer_the_clearer_it_loses_and_within_it
     # re-read a long stretch is tried rarely, and the time lost stays small
     synced, synced_rate = run(0.004, 0.002)
     assert synced <= mild and synced_rate > 0.97, (synced, synced_rate)
+
+
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_exploration_budget_is_the_slots_not_each_arms(shared, monkeypatch):
+    """Two draft modes of one losing model are two arms to explore; together they cost about
+    explore_budget (2 %) of the time, not 2 % each (a C = 1 server request lost ~4 %; session 13).
+    Broken variant (shared=False): each arm gets the whole budget, and the test sees it fail."""
+    if not shared:
+        monkeypatch.setattr(controller.Plan, "explore_share", lambda self, n_arms: self.ctl.explore_budget)
+    cost = line(0.070, 0.035)   # a decode of N rows: 70 ms + 35 ms per row
+
+    def lost(modes):
+        ctl = SpecController()
+        tok, sec, ch = simulate(ctl, 6000, cost=cost, accept={"d": 0.3, "d argmax": 0.3},
+                                draft_s={"d": 0.03}, modes=modes, need=lambda m: 1,
+                                argmax_band="exact-match/t<1" if modes[0] else None)
+        assert sum(w is None for w, _ in ch[500:]) / len(ch[500:]) > 0.9   # plain is chosen
+        return 1.0 - tok / sec * cost(1)
+    one, two = lost([False]), lost([True])
+    assert 0.0 < one < 0.025, one
+    if shared:
+        assert two < 0.025 and two < 1.4 * one, (one, two)
+    else:
+        assert two > 1.6 * one, (one, two)
 
 
 def test_chain_asks_the_cheap_member_first_and_the_model_only_where_it_pays():

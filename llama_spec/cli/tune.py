@@ -59,7 +59,7 @@ def _temps(value: str) -> list[float]:
 
 def run(ns: argparse.Namespace) -> int:
     """Sweep the options over the sample prompts; print the table; save / plot as asked."""
-    from ..generation.controller import band_of
+    from ..generation.bands import band_of
     from ..generation.solo import SpeculativeGenerator
     from ..llama.sampling import SamplerParams
     from .build import PLOT_INSTALL_HINT, context_options, drafter_factory, load_model, spec_n_max, spec_types

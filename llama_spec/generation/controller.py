@@ -39,8 +39,9 @@ measured) when the time since it last ran, times ``explore_budget``, covers what
 predicted to lose: its seconds minus its tokens at the best rate, plus the lazy sync of the tokens
 it missed (``Drafter.sync_need``: a draft model in a new request syncs the whole prompt); and that
 sync alone must fit in ``explore_budget`` of the request's own predicted time (n_predict plain
-steps). So at most about ``explore_budget`` of the time goes to exploring, in all and in each
-request, and the clearer the loser the rarer it is tried. (The chain gate's rule, every
+steps); each of the n arms not chosen gets explore_budget / n (``explore_share``). So at most about
+``explore_budget`` of the time goes to exploring, in all and in each request, and the clearer the
+loser the rarer it is tried; a try verifies the length it was chosen at (it is for measuring). (The chain gate's rule, every
 ``16 x (rate ratio)^2`` steps, cost 18 % here: one try of a 0.5B-class draft after a plain stretch
 costs several plain steps.) Lengths are explored the same way: k_best + 1 instead of k_best. Two
 tries of one option are at least ``explore_every`` steps apart.
@@ -74,6 +75,7 @@ import numpy as np
 
 from ..drafters.base import Drafter, Proposal
 from ..env import env_flag
+from .bands import RequestView, band_of, draft_modes_band
 from .cost_model import CostModelSource, load_cost_model
 
 __all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band", "keep",
@@ -102,32 +104,6 @@ def arm_of(m: int, argmax: bool) -> int:
 def member_of(arm: int) -> int:
     """requires: arm != PLAIN."""
     return arm if arm >= 0 else -arm - 2
-
-
-def band_of(greedy: bool, temp: float, rule: str) -> str:
-    """The acceptance band of a request (greedy: every rule is exact-match, invariant 2)."""
-    if greedy:
-        return "greedy"
-    return f"{rule}/t<0.5" if temp < 0.5 else f"{rule}/t<1" if temp < 1.0 else f"{rule}/t>=1"
-
-
-def draft_modes_band(greedy: bool, temp: float, rule_uses_q: bool, sample: bool) -> str | None:
-    """The band of argmax drafts when a request may choose its drafts' mode (sampled drafts under
-    a rule that uses q), else None (greedy: the modes coincide; exact-match: argmax only)."""
-    return band_of(False, temp, "exact-match") if not greedy and rule_uses_q and sample else None
-
-
-@dataclass(frozen=True)
-class RequestView:
-    """What a plan needs of its request, built once per request: band (``band_of``); n_predict: its
-    token budget (bounds one exploration's loss; None: unbounded); argmax_band: the band of argmax
-    drafts where it may choose the draft mode (``draft_modes_band``; None: as configured);
-    sample: its configured draft mode."""
-
-    band: str
-    n_predict: int | None = None
-    argmax_band: str | None = None
-    sample: bool = True
 
 
 PLAIN_MARGIN = 0.05   # a costly arm is chosen over plain only when predicted this much faster
@@ -194,6 +170,7 @@ class Plan:
         self._asks: list[tuple[int, int]] = []
         self._arm: tuple[int, int, float] = (PLAIN, 0, 0.0)   # pre-draft: arm, cap, its predicted rate
         self.asked_costly = False
+        self._trying: int | None = None    # the losing arm explored this step, if any
         forced = ctl.sweep[st.sweep_i % len(ctl.sweep)] if ctl.sweep else None
         self._forced = forced is not None
         if forced is not None:
@@ -246,6 +223,7 @@ class Plan:
         if top != PLAIN and best[top][1] < (1.0 + PLAIN_MARGIN) * best[PLAIN][1]:
             top = PLAIN   # a toss-up: plain decoding (no draft to lose, no sync to pay)
         hi = best[top][1]
+        share = self.explore_share(len(arms))
         for a in arms:
             if a == top or a not in best or st.since.get(a, 0) < ctl.explore_every:
                 continue
@@ -256,10 +234,13 @@ class Plan:
             # budget of this request's own time (one try must not cost a short request that much)
             request = self.n_predict * float(self.v[0]) if self.n_predict else float("inf")
             since = st.clock - st.ran_at.get(a, 0.0)
-            if loss <= ctl.explore_budget * since and sync <= ctl.explore_budget * request:
-                self.explored = True
+            if loss <= share * since and sync <= ctl.explore_budget * request:
+                self.explored, self._trying = True, a
                 return a, k, rate
         return top, best[top][0], hi
+
+    def explore_share(self, n_arms: int) -> float:   # each arm not chosen: its share of the slot's budget
+        return self.ctl.explore_budget / max(n_arms - 1, 1)
 
     def _measured(self, arm: int) -> bool:
         """The shared cost model already knows this arm (other slots, a saved model): no cold turns."""
@@ -369,7 +350,8 @@ class Plan:
         else:
             e = self.options(self.held_arm, n, self.sunk)
             assert e is not None   # sunk is known: the draft was timed
-            self.k = self._cut(self.held_arm, n, e)
+            # a try is for measuring (cut by the keyed survival it was dropped and redrafted: session 13)
+            self.k = min(n, self._arm[1]) if self.held_arm == self._trying else self._cut(self.held_arm, n, e)
             if self.k > 0:   # S(k) predicted at the cut, for the copies calibration
                 self.predicted_full = float(e[0][self.k] - e[0][self.k - 1])
         if self.k == 0:

@@ -44,7 +44,8 @@ from ..observe.observers import Observer
 from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
 from ..rules.tree import TreeRule
-from .controller import RequestView, SpecController, band_of, draft_modes_band, keep, run_plan, set_mode
+from .bands import RequestView, band_of, draft_modes_band
+from .controller import SpecController, keep, run_plan, set_mode
 from .draft_length import DraftLengthController
 from .prefix import PrefixReuse, SlotCells
 from .prompt_cache import PromptCache, common_prefix

@@ -100,13 +100,11 @@ class LinearFit:
             lam = 1e-6 * max(float(np.trace(self.xtx)), 1e-12) + 1e-12
             a = self.xtx + lam * np.eye(self.n)
             b = self.xty + lam * prior
-            free = np.ones(self.n, dtype=bool)
-            beta = np.zeros(self.n)
-            for _ in range(self.n):   # active set: a negative coefficient is fixed at 0, the rest refitted
-                beta[:] = 0.0
+            beta = np.linalg.solve(a, b)   # (the common case: every coefficient >= 0, one solve)
+            free = beta > 0
+            while (beta < 0).any() and free.any():   # active set: a negative one fixed at 0, the rest refitted
+                beta = np.zeros(self.n)
                 beta[free] = np.linalg.solve(a[np.ix_(free, free)], b[free])
-                if (beta >= 0).all():
-                    break
                 free &= beta > 0
             beta = self._beta[key] = np.maximum(beta, 0.0)
         return beta

@@ -1,0 +1,37 @@
+"""A request's acceptance band and what a speculation plan reads of its request (controller.py).
+
+A **band** is the acceptance regime survival is keyed by: "greedy", or the rule and a temperature
+band; argmax drafts of a sampled request have their own band (the exact-match rule's).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["RequestView", "band_of", "draft_modes_band"]
+
+
+def band_of(greedy: bool, temp: float, rule: str) -> str:
+    """The acceptance band of a request (greedy: every rule is exact-match, invariant 2)."""
+    if greedy:
+        return "greedy"
+    return f"{rule}/t<0.5" if temp < 0.5 else f"{rule}/t<1" if temp < 1.0 else f"{rule}/t>=1"
+
+
+def draft_modes_band(greedy: bool, temp: float, rule_uses_q: bool, sample: bool) -> str | None:
+    """The band of argmax drafts when a request may choose its drafts' mode (sampled drafts under
+    a rule that uses q), else None (greedy: the modes coincide; exact-match: argmax only)."""
+    return band_of(False, temp, "exact-match") if not greedy and rule_uses_q and sample else None
+
+
+@dataclass(frozen=True)
+class RequestView:
+    """What a plan needs of its request, built once per request: band (``band_of``); n_predict: its
+    token budget (bounds one exploration's loss; None: unbounded); argmax_band: the band of argmax
+    drafts where it may choose the draft mode (``draft_modes_band``; None: as configured);
+    sample: its configured draft mode."""
+
+    band: str
+    n_predict: int | None = None
+    argmax_band: str | None = None
+    sample: bool = True
