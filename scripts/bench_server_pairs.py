@@ -22,21 +22,16 @@ import sys
 import time
 from pathlib import Path
 
-import httpx
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent.parent))   # llama_spec from this checkout
 import bench_server as B  # noqa: E402  (the same servers, prompts and model names)
 
 
-def one(url: str, i: int, n: int, temp: float, seed: int) -> float:
-    """Tokens/s of one completion (wall time of the request)."""
-    body = {"prompt": B.PROMPTS[i % len(B.PROMPTS)], "max_tokens": n, "temperature": temp,
-            "seed": seed, "ignore_eos": True}
+def one(url: str, i: int, a: argparse.Namespace, seed: int) -> float:
+    """Tokens/s of one completion (``bench_server.one``, timed by its wall time)."""
     t0 = time.perf_counter()
-    r = httpx.post(url + "/v1/completions", json=body, timeout=1200)
-    r.raise_for_status()
-    return int(r.json()["usage"]["completion_tokens"]) / (time.perf_counter() - t0)
+    tokens, _, _ = B.one(url, i, a, seed)
+    return tokens / (time.perf_counter() - t0)
 
 
 def pair(a: argparse.Namespace, target: Path, draft: Path) -> dict[str, list[float]]:
@@ -48,12 +43,12 @@ def pair(a: argparse.Namespace, target: Path, draft: Path) -> dict[str, list[flo
     try:
         for name, (p, url) in servers.items():
             B.wait_up(p, url, name)
-            one(url, 0, 8, a.temp, 1)   # warm-up
+            B.burst(url, 1, a, -1)   # warm-up, as bench_server.py
         for r in range(a.rounds):
             order = list(servers) if r % 2 == 0 else list(reversed(servers))
             for i in range(a.requests):
                 for name in order:
-                    res[name].append(one(servers[name][1], a.requests * r + i, a.n_tokens, a.temp, 1000 * r + i))
+                    res[name].append(one(servers[name][1], a.requests * r + i, a, 1000 * r + i))
     finally:
         for p, _ in servers.values():
             p.terminate()
@@ -76,6 +71,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=1024, help="context per slot")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--no-repack", action="store_true")
+    ap.add_argument("--timeout", type=float, default=1200)
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     target, draft = B.resolve(a.model), B.resolve(a.model_draft)
