@@ -32,16 +32,19 @@ estimate is an average over drafts lost and kept, plain's is certain, and at a t
 errors decide (at temp 0.8 on 2 cores, argmax drafts of the 0.5B predicted ~4 % faster than plain
 ran 0.88x plain; session 12).
 
-Exploration: each costly member and plain get ``min_turns`` turns first (costly members first, at
-the full length) unless the shared cost model already knows them (another slot measured them, or
-a saved model; a server's 8 slots paid the cold turns 8 times over); then the best option is chosen, and a losing one is tried once (so it stays
-measured) when the time since it last ran, times ``explore_budget``, covers what trying it is
-predicted to lose: its seconds minus its tokens at the best rate, plus the lazy sync of the tokens
-it missed (``Drafter.sync_need``: a draft model in a new request syncs the whole prompt); and that
-sync alone must fit in ``explore_budget`` of the request's own predicted time (n_predict plain
-steps); each of the n arms not chosen gets explore_budget / n (``explore_share``). So at most about
-``explore_budget`` of the time goes to exploring, in all and in each request, and the clearer the
-loser the rarer it is tried; a try verifies the length it was chosen at (it is for measuring). (The chain gate's rule, every
+Exploration: each costly member and plain get up to ``min_turns`` turns first (costly members
+first, at the full length) until the shared cost model knows them: a draft cost and one verified
+turn (``_measured``; the first turn may only warm the draft-cost fit, so with ``min_turns`` 2 that
+is one verified turn), or another slot or a saved model measured them (a server's 8 slots paid the
+cold turns 8 times over). Then the best option is chosen, and a losing one is tried once (so it
+stays measured) when the time since it last ran, times its share of ``explore_budget``, covers
+what trying it is predicted to lose: its seconds minus its tokens at the best rate, plus the lazy
+sync of the tokens it missed (``Drafter.sync_need``: a draft model in a new request syncs the
+whole prompt); and that sync alone must fit in the share of the request's own predicted time
+(n_predict plain steps). Each of the n arms not chosen gets explore_budget / n
+(``explore_share``), so at most about ``explore_budget`` of the time goes to exploring, in all and
+in each request, and the clearer the loser the rarer it is tried; a try verifies the length it was
+chosen at (it is for measuring). (The chain gate's rule, every
 ``16 x (rate ratio)^2`` steps, cost 18 % here: one try of a 0.5B-class draft after a plain stretch
 costs several plain steps.) Lengths are explored the same way: k_best + 1 instead of k_best. Two
 tries of one option are at least ``explore_every`` steps apart.
