@@ -24,9 +24,13 @@ pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
+from conftest import same_or_near_tie  # noqa: E402
+
 API_KEY = "test-key-123"
 N_CTX = 384
 THREADS = 1  # on an oversubscribed 2-core machine one thread per context is faster
+NEAR_TIE = 1.5  # logits: concurrent requests verify in other widths than a solo run, and with flash
+                # attention on (the default) such decodes differ by up to 1.3 (scripts/batch_shape_rounding.py)
 
 
 class _Server:
@@ -46,6 +50,7 @@ class _Server:
             return BatchGenerator(model, lambda: DraftModelDrafter(model, n_ctx=N_CTX, n_threads=THREADS),
                                   n_parallel=n_parallel, n_ctx=N_CTX, n_threads=THREADS, n_max=3)
 
+        self.model = model
         self.engine = engine if engine is not None else ServerEngine(make_batch, max_queue=max_queue)
         self.engine.start()
         app = create_app(self.engine, model, ServerConfig(model_name="smollm", api_key=api_key,
@@ -214,7 +219,7 @@ def test_bad_request_inside_the_worker_disturbs_no_one(server, solo):
     """A grammar llama.cpp cannot parse fails when its sequence starts (in the worker): 400 for it,
     the stream running next to it completes unchanged."""
     prompt = "Here are some facts about rivers:"
-    ref = solo(prompt, 16, ignore_eos=True).text
+    ref = solo(prompt, 16, ignore_eos=True)
     c = server.client()
 
     def good() -> str:
@@ -227,7 +232,7 @@ def test_bad_request_inside_the_worker_disturbs_no_one(server, solo):
         with pytest.raises(openai.BadRequestError) as e:
             c.completions.create(model="smollm", prompt="Hi", max_tokens=4, extra_body={"grammar": "root ::= ("})
         assert "grammar" in e.value.message
-        assert fut.result(timeout=120) == ref
+        assert same_or_near_tie(server.model, ref, fut.result(timeout=120), NEAR_TIE)
 
 
 def test_api_key(server):
@@ -301,7 +306,7 @@ def test_load_eight_clients_three_disconnect(server, solo):
     topics = ["rivers", "bread", "the moon", "trains", "owls", "glass", "chess", "tea"]
     prompts = [f"Here are some facts about {t}:" for t in topics]
     n_tok = 16
-    refs = [solo(p, n_tok, ignore_eos=True).text for p in prompts]
+    refs = [solo(p, n_tok, ignore_eos=True) for p in prompts]
     drop = {1, 4, 6}
     failed0, cancelled0 = server.engine.failed, server.engine.cancelled
 
@@ -324,7 +329,7 @@ def test_load_eight_clients_three_disconnect(server, solo):
         if i in drop:
             assert out[i] is None
         else:
-            assert out[i] == refs[i] and refs[i].strip(), i
+            assert refs[i].text.strip() and same_or_near_tie(server.model, refs[i], out[i], NEAR_TIE), i
     server.wait_idle(timeout=10)
     _until(lambda: server.engine.cancelled > cancelled0, 10.0)
     assert server.engine.failed == failed0
@@ -336,7 +341,7 @@ def test_load_eight_clients_three_disconnect(server, solo):
         texts = list(ex.map(lambda p: c.completions.create(model="smollm", prompt=p, max_tokens=n_tok, temperature=0,
                                                            extra_body={"ignore_eos": True}).choices[0].text,
                             prompts[:2]))
-    assert texts == refs[:2]
+    assert all(same_or_near_tie(server.model, r, t, NEAR_TIE) for r, t in zip(refs[:2], texts, strict=True))
 
 
 def _read_until_closed(url: str, started: threading.Event) -> None:

@@ -6,13 +6,13 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
-import numpy as np
 import pytest
 
 pytest.importorskip("starlette")
 pytest.importorskip("uvicorn")
 openai = pytest.importorskip("openai")
 
+from conftest import same_or_near_tie  # noqa: E402
 from test_server import API_KEY, N_CTX, THREADS, _Server, _stream_some  # noqa: E402
 
 SYSTEM = "You review Python code. Be brief. " * 12
@@ -98,37 +98,10 @@ def test_ram_cache_stays_inside_its_limit(cached_server):
     assert info["evictions"] > 0 and info["entries"] >= 1
 
 
-def _same_or_near_tie(model, ref, text: str) -> bool:
-    """`text` is the reference's greedy text, or leaves it where the reference's top two tokens are
-    within NEAR_TIE and `text` goes on with the runner-up. A server run decodes in other batch
-    shapes than the solo one: the draft model's reused cells give other near-tie drafts, so other
-    verification widths, and llama.cpp splits a batch of several slots into ubatches of equal rows
-    per sequence; a 1-row decode rounds unlike a wider one (once in CI: 0.155 apart here)."""
-    from llama_spec.llama.context import Context
-
-    if text == ref.text:
-        return True
-    j = 0
-    while j < len(ref.tokens) and text.startswith(model.detokenize(ref.tokens[: j + 1])):
-        j += 1
-    if j == len(ref.tokens):
-        return False
-    toks = np.asarray([*ref.prompt_tokens, *ref.tokens[:j]], dtype=np.int32)
-    ctx = Context(model, n_ctx=N_CTX, n_threads=THREADS, **EXACT)
-    try:
-        logits = np.array(ctx.decode(toks, np.arange(len(toks), dtype=np.int32), 0, "last")[0])
-    finally:
-        ctx.close()
-    a = ref.tokens[j]
-    b = int(next(t for t in np.argsort(logits)[::-1] if t != a))
-    rest = text[len(model.detokenize(ref.tokens[:j])):]
-    return bool(abs(logits[a] - logits[b]) < NEAR_TIE) and rest.startswith(model.detokenize([b]))
-
-
 def test_clients_sharing_a_prompt_with_disconnects_lose_nothing(smollm, solo):
     """12 clients over 4 slots, one system prompt; 4 go away mid-stream. Every finished answer
     equals its solo run with the whole prompt decoded (greedy, flash attention off: bitwise on
-    the CPUs seen here), or leaves it only at a near-tie of the reference (_same_or_near_tie), so
+    the CPUs seen here), or leaves it only at a near-tie of the reference (conftest.same_or_near_tie), so
     no one got another's cells (those change an answer's digits, far from any tie)."""
     s = _Server(smollm, api_key=API_KEY, engine=_engine(smollm, 4, 32))
     try:
@@ -147,7 +120,7 @@ def test_clients_sharing_a_prompt_with_disconnects_lose_nothing(smollm, solo):
         for i, r in enumerate(out):
             if i not in gone:
                 ref = solo(prompts[i], 10)
-                assert _same_or_near_tie(smollm, ref, r.choices[0].text), (i, ref.text, r.choices[0].text)
+                assert same_or_near_tie(smollm, ref, r.choices[0].text, NEAR_TIE, **EXACT), (i, ref.text, r.choices[0].text)
         cached = [r.usage.prompt_tokens_details.cached_tokens for i, r in enumerate(out) if i not in gone]
         assert sum(n > 0 for n in cached) >= 4   # the system prompt was reused
     finally:
