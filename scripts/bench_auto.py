@@ -2,7 +2,8 @@
 native llama.cpp, interleaved, same seeds (issue 25).
 
 Per prompt (code and prose from scripts/prompts.json, edits from scripts/edit_prompts.json in the
-ChatML chat format) and temperature, every arm runs twice, in the order A B .. Z Z .. B A:
+ChatML chat format) and temperature, every arm runs ``--reps`` times (default 2), in the order
+A B .. Z Z .. B A (repeated):
 
 * plain: no drafter;
 * auto: the controller over a chain of the drafters (``--auto-spec``, default
@@ -11,13 +12,18 @@ ChatML chat format) and temperature, every arm runs twice, in the order A B .. Z
 * the fixed configurations of the sweep (auto off): draft-simple n-max 1..5, ngram-simple,
   ngram-map-k, ngram-mod, the chains ngram-simple,draft-simple and ngram-mod,draft-simple, trees
   (2,1,1) and (2,2,1) of draft-simple;
+* ``--auto-ab explore_budget=0.02``: the auto arm again with one controller setting changed (an A/B
+  of a default, its own controller and cost model);
 * native: ``llama-speculative-simple -m T -md D --spec-type draft-simple`` at its defaults (built like scripts/bench_native.py;
   ``--native off`` skips it, ``auto`` uses it only when it is built already).
 
-Reported per prompt: decode t/s of each arm (median of its two runs), auto / plain, auto / oracle
+Reported per prompt: decode t/s of each arm (median of its runs), auto / plain, auto / oracle
 (the best fixed configuration of that prompt, or plain), auto / cross-fit (the best arm chosen on
-one pass and measured on the other: the maximum of 13 noisy medians is biased high), auto / native,
-then the medians and minima. The
+one half of the passes and measured on the other: the maximum of 13 noisy medians is biased high),
+auto / native, then the medians and minima, and the geometric mean of each ratio over the prompts
+with its 95 % interval (t, over the prompts' log ratios): one run of an arm here varies by +-10 %,
+so a single prompt's ratio of two medians of 2 runs is only good to about +-8 %; the mean over 24
+prompts is good to about +-2 %. The
 auto arm's controller keeps what it measured from prompt to prompt (as a server or chat session);
 ngram-mod's pool is reset before every run (``--keep-pools``: kept), so that no arm's second run of
 a prompt drafts from its first run's output.
@@ -30,10 +36,13 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import shlex
 import statistics
 import sys
 from pathlib import Path
+
+import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_native import run_native  # noqa: E402
@@ -82,6 +91,10 @@ class Arms:
             return SpeculativeGenerator(self.target, d, n_max=n_max, **kw, **more)
 
         self.gens = {"plain": gen(None, 1, auto=False), "auto": gen(chain(a.auto_spec, a.n_max), 64, auto=True)}
+        for variant in a.auto_ab:   # the controller with one setting changed: "auto explore_budget=0.02"
+            name, value = variant.split("=")
+            g = self.gens[f"auto {variant}"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True)
+            setattr(g.controller, name, type(getattr(g.controller, name))(value))
         for name in a.fixed:
             if name.startswith("draft-simple:"):
                 k = int(name.split(":")[1])
@@ -128,15 +141,16 @@ def native_tool(mode: str) -> Path | None:
 def cross_fit_best(runs: dict[str, list[float]]) -> tuple[float, list[str]]:
     """The best arm's speed without the maximum's bias: chosen on one pass, measured on the other.
 
-    runs: arm -> [t/s of the first pass, t/s of the second] (plain and the fixed arms). The maximum
+    runs: arm -> t/s of each pass, in order (plain and the fixed arms); fold 0 is the even passes,
+    fold 1 the odd ones (with 2 passes: the first and the second). The maximum
     of 13 noisy medians sits about one spread above the best arm's true speed when several arms do
     the same work (n-gram drafters that find nothing are plain); choosing by pass 1 and reading
     pass 2 (and the reverse) is unbiased for the arm chosen. Returns (mean of the two folds, the
     arms chosen)."""
     vals, chosen = [], []
     for f in (0, 1):
-        arm = max(runs, key=lambda k: runs[k][f])
-        vals.append(runs[arm][1 - f])
+        arm = max(runs, key=lambda k: statistics.median(runs[k][f::2]))
+        vals.append(statistics.median(runs[arm][1 - f::2]))
         chosen.append(arm)
     return statistics.fmean(vals), chosen
 
@@ -150,19 +164,22 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
         cmd = [str(tool), "-m", str(arms.target_path), "-md", str(arms.draft_path), "-p", text, "-n", str(a.n_tokens),
                "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads), "-c", str(a.n_ctx),
                "--spec-type", "draft-simple"]   # (the tool needs the type named; every other knob: its default)
-    for arm in order + order[::-1]:
+    for arm in (order + order[::-1]) * (a.reps // 2):
         tps = run_native(cmd, text)["tps"] if arm == "native" and cmd else arms.run(arm, text, temp, a.n_tokens, seed)
         runs[arm].append(tps)
     tps = {k: statistics.median(v) for k, v in runs.items()}
-    fixed = {k: v for k, v in tps.items() if k not in ("plain", "auto", "native")}
+    fixed = {k: v for k, v in tps.items() if k not in ("plain", "native") and not k.startswith("auto")}
     oracle = max(fixed, key=lambda k: fixed[k]) if fixed else "plain"
-    best_cv, chosen = cross_fit_best({k: v for k, v in runs.items() if k not in ("auto", "native")})
+    best_cv, chosen = cross_fit_best({k: v for k, v in runs.items() if k in fixed or k == "plain"})
     rec = {"class": cls, "temp": temp, "seed": seed, "tps": tps, "runs": runs, "oracle": oracle,
            "auto_plain": tps["auto"] / tps["plain"], "auto_oracle": tps["auto"] / max(tps[oracle], tps["plain"]),
            "oracle_cv": chosen, "best_cv": best_cv, "auto_oracle_cv": tps["auto"] / best_cv}
     if "native" in tps:
         rec["auto_native"] = tps["auto"] / tps["native"]
+    for variant in a.auto_ab:   # auto / the variant (> 1: the default is faster)
+        rec[f"auto_ab {variant}"] = tps["auto"] / tps[f"auto {variant}"]
     nat = f", /native {rec['auto_native']:.2f}" if "native" in rec else ""
+    nat += "".join(f", /({v}) {rec[f'auto_ab {v}']:.2f}" for v in a.auto_ab)
     print(f"T={temp:<4} {cls:5}: plain {tps['plain']:6.1f}  auto {tps['auto']:6.1f}  oracle {oracle} "
           f"{tps[oracle]:6.1f} (cross-fit {'/'.join(chosen)} {best_cv:6.1f})   auto/plain {rec['auto_plain']:.2f}, "
           f"/oracle {rec['auto_oracle']:.2f}, /cross-fit {rec['auto_oracle_cv']:.2f}{nat}", flush=True)
@@ -188,6 +205,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep-pools", action="store_true",
                     help="keep ngram-mod's pool from run to run (default: reset before each run; each prompt "
                     "runs twice per arm, and a kept pool would hold the first run's output in the second)")
+    ap.add_argument("--auto-ab", default="", metavar="ATTR=VALUE[;..]",
+                    help="extra auto arms, each with one controller setting changed (e.g. explore_budget=0.02)")
+    ap.add_argument("--reps", type=int, default=2, help="runs of every arm per prompt (even: A..Z Z..A repeated)")
     ap.add_argument("--json", default=None, metavar="FILE")
     ap.add_argument("--quick", action="store_true", help="smoke: small models, 1 prompt per class, 32 tokens, "
                     "a few fixed arms, native only if built")
@@ -199,7 +219,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         sweep = ["draft-simple:3", "ngram-simple", "ngram-simple,draft-simple", "tree:2,1,1"]
     a.fixed = [x for x in a.fixed.split(";") if x] if a.fixed is not None else sweep
     a.temp_list = [float(x) for x in a.temps.split(",")]
+    a.auto_ab = [x for x in a.auto_ab.split(";") if x]
+    if a.reps < 2 or a.reps % 2:
+        ap.error("--reps: an even number >= 2")
     return a
+
+
+def geo_mean_ci(vals: list[float]) -> tuple[float, float, float]:
+    """(geometric mean, its 95 % interval low, high) of positive ratios: t over their logs."""
+    from scipy import stats
+
+    logs = np.log(np.asarray(vals, dtype=np.float64))
+    m = float(logs.mean())
+    if len(logs) < 2:
+        return math.exp(m), float("nan"), float("nan")
+    half = float(stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs)))
+    return math.exp(m), math.exp(m - half), math.exp(m + half)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -222,12 +257,15 @@ def main(argv: list[str] | None = None) -> int:
         arms.close()
     out = {"machine": info, "args": {k: v for k, v in vars(a).items() if k != "temp_list"}, "prompts": recs}
     print("\nmedian / min over prompts:")
-    for key in ("auto_plain", "auto_oracle", "auto_oracle_cv", "auto_native"):
+    for key in ("auto_plain", "auto_oracle", "auto_oracle_cv", "auto_native", *(f"auto_ab {v}" for v in a.auto_ab)):
         vals = [r[key] for r in recs if key in r]
         if vals:
-            out[key] = {"median": statistics.median(vals), "min": min(vals)}
-            label = {"auto_oracle_cv": "auto / cross-fit best"}.get(key, key.replace("_", " / "))
-            print(f"  {label}: median {statistics.median(vals):.3f}, min {min(vals):.3f}")
+            g, lo, hi = geo_mean_ci(vals)
+            out[key] = {"median": statistics.median(vals), "min": min(vals), "geomean": g, "ci95": [lo, hi]}
+            label = ({"auto_oracle_cv": "auto / cross-fit best"}.get(key, key.replace("_", " / "))
+                     if not key.startswith("auto_ab ") else f"auto / auto {key[8:]}")
+            print(f"  {label}: median {statistics.median(vals):.3f}, min {min(vals):.3f}, "
+                  f"geometric mean {g:.3f} (95 % interval {lo:.3f} .. {hi:.3f})")
     print(f"  {summary}")
     print(f"  (native: {'llama-speculative-simple defaults' if tool else 'not run'}; "
           f"command: {shlex.join(['llama-speculative-simple', '-m', 'T', '-md', 'D', '-p', 'PROMPT'])} ...)")

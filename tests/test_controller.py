@@ -15,8 +15,9 @@ import pytest
 
 from llama_spec.drafters.base import Drafter, Proposal
 from llama_spec.generation import controller
-from llama_spec.generation.controller import RequestView, SpecController, band_of, make_controller, run_plan
+from llama_spec.generation.controller import RequestView, SpecController, band_of, make_controller
 from llama_spec.generation.cost_model import CostModel
+from llama_spec.generation.plan_driver import run_plan
 
 
 def simulate(ctl, steps, *, cost, accept, draft_s=None, k_cap=5, n_seqs=1, seed=0, costly=None,
@@ -197,7 +198,8 @@ def test_exploration_of_a_loser_is_rare_rarer_the_clearer_it_loses_and_within_it
 @pytest.mark.parametrize(("shared", "seed"), [(True, 0), (True, 1), (False, 0)])
 def test_the_exploration_budget_is_the_slots_not_each_arms(shared, seed, monkeypatch):
     """Two draft modes of one losing model are two arms to explore; together they cost about
-    explore_budget (2 %) of the time, not 2 % each (a C = 1 server request lost ~4 %; session 13).
+    explore_budget (1 %; 1.0-1.2 % measured over seeds 0-2) of the time, not 1 % each (a C = 1 server
+    request lost ~4 % at 2 % each; session 13).
     Broken variant (shared=False): each arm gets the whole budget, and the test sees it fail.
     Seed 1 lost 4.9 % when a try was cut by the survival keyed by the last verification: the cut
     dropped the try's draft and the arm, never run, was drafted again every 16 steps."""
@@ -213,9 +215,9 @@ def test_the_exploration_budget_is_the_slots_not_each_arms(shared, seed, monkeyp
         assert sum(w is None for w, _ in ch[500:]) / len(ch[500:]) > 0.9   # plain is chosen
         return 1.0 - tok / sec * cost(1)
     one, two = lost([False]), lost([True])
-    assert 0.0 < one < 0.025, one
+    assert 0.0 < one < 0.015, one
     if shared:
-        assert two < 0.025 and two < 1.4 * one, (one, two)
+        assert two < 0.015 and two < 1.4 * one, (one, two)
     else:
         assert two > 1.6 * one, (one, two)
 

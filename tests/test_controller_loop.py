@@ -13,7 +13,7 @@ import pytest
 from llama_spec import DraftModelDrafter, Model, MtpDrafter, SamplerParams, SpeculativeGenerator
 from llama_spec.drafters.ngram import build_ngram_drafter
 from llama_spec.generation import core as core_mod
-from llama_spec.generation.controller import keep
+from llama_spec.generation.plan_driver import keep
 from llama_spec.testing import distribution as dist
 from llama_spec.testing.resume import KINDS, PROMPT, resume_check
 

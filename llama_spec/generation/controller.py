@@ -59,6 +59,14 @@ together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per step: 16.
 21.7 verifying it whole; session 12). The ramp reaches a long copy in a few steps, at a bounded
 price where drafts are lost one by one (the model's own assumption): 1-3 % in simulation.
 
+Overhead: a plan runs between two decodes, with the caches cold (the model's weights streamed
+through them): 0.5 ms of Python per step here, against 0.2 ms for plain decoding (SmolLM2-135M,
+2 cores; 6 % of its step). So the step cost curve is re-read every ``STEP_COST_REFRESH``
+measurements and each arm's best length every ``BEST_REFRESH`` plans (at once when a survival
+or a model's draft cost was measured); a young cost model (< 128 measurements) every time.
+``explore_budget`` is 1 %: on a machine where plain wins (1.5B on 2 cores), the budget and this
+overhead are what the controller costs.
+
 Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
 no draft is a verification without drafts); a decision uses only what happened before it, so the
 output distribution is unchanged. Timings differ run to run, so with temp > 0 a seeded run
@@ -68,7 +76,6 @@ repeats token for token only with the controller off (``auto=False``).
 from __future__ import annotations
 
 import json
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -76,14 +83,12 @@ from typing import Any
 
 import numpy as np
 
-from ..drafters.base import Drafter, Proposal
 from ..env import env_flag
 from .bands import RequestView, band_of, draft_modes_band
 from .cost_model import CostModelSource, load_cost_model
 
-__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band", "keep",
-           "make_controller",
-           "run_plan"]
+__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band",
+           "make_controller"]
 
 PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
 ENV_AUTO = "LLAMA_SPEC_AUTO"   # the default of auto=None (on when unset)
@@ -113,6 +118,8 @@ PLAIN_MARGIN = 0.05   # a costly arm is chosen over plain only when predicted th
 RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (module docstring, Ramp)
 RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as often as predicted
 CALIB_COPIES, CALIB_DECAY = 1.25, 0.95
+STEP_COST_REFRESH = 8   # c and r are re-read every 8 of their measurements (4 solo steps; docstring, Overhead)
+BEST_REFRESH = 4        # each arm's best length is re-read every 4 plans (the same)
 
 
 @dataclass
@@ -144,6 +151,7 @@ class _Slot:
     last_cut: tuple[int, int] | None = None   # (arm, k) of the last verification when it kept all k
     sweep_i: int = 0
     plan: Plan | None = None
+    best: tuple[Any, int, dict[int, tuple[int, float, float, float]]] | None = None   # (key, age, Plan._best)
 
 
 class Plan:
@@ -214,14 +222,7 @@ class Plan:
             a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
             self.explored = True
             return a, (self.k_cap if a != PLAIN else 0), 0.0
-        best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
-        for a in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
-            m = member_of(a)
-            o = self.options(a, min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1), None, pooled=True)
-            if o is not None:
-                e, t = o
-                k = int(np.argmax(e[1:] / t[1:])) + 1
-                best[a] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
+        best = self._best(arms)
         top = max(best, key=lambda a: best[a][1])
         if top != PLAIN and best[top][1] < (1.0 + PLAIN_MARGIN) * best[PLAIN][1]:
             top = PLAIN   # a toss-up: plain decoding (no draft to lose, no sync to pay)
@@ -231,16 +232,37 @@ class Plan:
             if a == top or a not in best or st.since.get(a, 0) < ctl.explore_every:
                 continue
             k, rate, e_a, t_a = best[a]
+            since = st.clock - st.ran_at.get(a, 0.0)
+            if t_a - e_a / hi > share * since:   # over the budget even without its sync (the usual case)
+                continue
             sync = self._resync(member_of(a), k) if a != PLAIN else 0.0
             loss = t_a - e_a / hi + sync
             # within the budget since it last ran; and a model's sync of a long prompt within the
             # budget of this request's own time (one try must not cost a short request that much)
             request = self.n_predict * float(self.v[0]) if self.n_predict else float("inf")
-            since = st.clock - st.ran_at.get(a, 0.0)
             if loss <= share * since and sync <= ctl.explore_budget * request:
                 self.explored, self._trying = True, a
                 return a, k, rate
         return top, best[top][0], hi
+
+    def _best(self, arms: list[int]) -> dict[int, tuple[int, float, float, float]]:
+        """arm -> (k, rate, E(k), T(k)) of its best length; reused for BEST_REFRESH steps while
+        nothing but c and r was measured (module docstring, Overhead)."""
+        st, ctl = self.st, self.ctl
+        key = (self.band, self.argmax_band, self.n_seqs, self.k_cap, tuple(st.longest.items()), ctl.versions)
+        if st.best is not None and st.best[0] == key and st.best[1] < BEST_REFRESH and ctl.cost.version >= 128:
+            st.best = (key, st.best[1] + 1, st.best[2])
+            return st.best[2]
+        best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
+        for a in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
+            m = member_of(a)
+            o = self.options(a, min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1), None, pooled=True)
+            if o is not None:
+                e, t = o
+                k = int(np.argmax(e[1:] / t[1:])) + 1
+                best[a] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
+        st.best = (key, 0, best)
+        return best
 
     def explore_share(self, n_arms: int) -> float:   # each arm not chosen: its share of the slot's budget
         return self.ctl.explore_budget / max(n_arms - 1, 1)
@@ -322,6 +344,7 @@ class Plan:
         mine = self.arm_drafting(m)
         if st.costly[m]:
             st.turns[mine] = st.turns.get(mine, 0) + 1
+            self.ctl.versions = (self.ctl.versions[0], self.ctl.versions[1] + 1)   # its draft cost changed
             self.asked_costly = True
         if self._forced:
             self.member, self.held_arm, self.n_held, self.sunk = (m, mine, n, seconds) if n else (None, PLAIN, 0, 0.0)
@@ -418,7 +441,7 @@ class SpecController:
         predicted within RAMP_KEEP of the best cut's rate (the module's Ramp).
     """
 
-    def __init__(self, *, explore_budget: float = 0.02, explore_every: int = 16, min_turns: int = 2,
+    def __init__(self, *, explore_budget: float = 0.01, explore_every: int = 16, min_turns: int = 2,
                  decay: float = 0.98, cost_model: CostModelSource = None,
                  sweep: Sequence[tuple[int | None, int]] = (), ramp: bool = True) -> None:
         if not 0.0 < explore_budget < 1.0 or explore_every < 1 or min_turns < 1:
@@ -429,6 +452,8 @@ class SpecController:
         self.ramp = ramp   # the cut's ramp after a full verification (module docstring)
         self.calib: dict[tuple[str, str], np.ndarray] = {}   # (member, band) -> decayed (S(k) predicted, full, n)
         self.slots: dict[int, _Slot] = {}
+        self._step_costs: dict[int, tuple[int, np.ndarray]] = {}   # n_seqs -> (cost.version, step_cost)
+        self.versions = (0, 0)   # (survival, costly draft cost) measurements: Plan._best's cache key
         self.choices: dict[str, int] = {}        # "plain" / member name -> steps
         self.lengths = np.zeros(65, dtype=np.int64)
         self.explored = 0
@@ -454,9 +479,19 @@ class SpecController:
         return c is not None and c[2] >= 3.0 and (c[1] + 1.0) >= CALIB_COPIES * (c[0] + 1.0)
 
     def step_cost(self, k_cap: int, n_seqs: int) -> np.ndarray:
-        """Seconds of a step of one sequence without its draft, for n_rows = 1 .. k_cap + 1."""
-        n = np.arange(1, k_cap + 2)
-        return self.cost.verify_cost(n * n_seqs, n_seqs) / n_seqs + self.cost.post_cost(n)
+        """Seconds of a step of one sequence without its draft, for n_rows = 1 .. k_cap + 1 (read
+        only). Kept per n_seqs for ``STEP_COST_REFRESH`` measurements of c or r (module docstring)."""
+        hit = self._step_costs.get(n_seqs)
+        fresh = self.cost.version < 16 * STEP_COST_REFRESH   # (a young model moves fast: every time)
+        if hit is not None and len(hit[1]) > k_cap and self.cost.version - hit[0] < (1 if fresh else STEP_COST_REFRESH):
+            return hit[1][: k_cap + 1]
+        # as long as any plan asked (the length matters little to the cost of this)
+        n = np.arange(1, max(k_cap, len(hit[1]) - 1 if hit is not None else 8) + 2)
+        v = self.cost.verify_cost(n * n_seqs, n_seqs) / n_seqs + self.cost.post_cost(n)
+        if not np.isnan(v).any():   # (a prefix of a longer curve is the shorter one, NaN aside)
+            v.flags.writeable = False
+            self._step_costs[n_seqs] = (self.cost.version, v)
+        return v[: k_cap + 1]
 
     # -- the core's calls -----------------------------------------------------------------------
     def plan(self, slot: int, k_cap: int, req: RequestView | str, n_seqs: int, hist_len: int,
@@ -481,6 +516,7 @@ class SpecController:
         st.plan = None
         if plan.member is not None and plan.k > 0:
             self.accept.record_verify((st.names[plan.member], plan.held_band, plan.full), plan.k, n_kept)
+            self.versions = (self.versions[0] + 1, self.versions[1])   # a survival changed
             if plan.predicted_full is not None:
                 key = (st.names[plan.member], plan.held_band)
                 c = self.calib.get(key, np.zeros(3)) * CALIB_DECAY
@@ -548,35 +584,3 @@ class SpecController:
 def _member_band(key: object) -> str:
     """'member@band' of a survival key (member, band, last_full)."""
     return f"{key[0]}@{key[1]}" if isinstance(key, tuple) and len(key) == 3 else str(key)
-
-
-def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> Proposal:
-    """Draft as `plan` asks (each member timed), then keep the prefix ``plan.finish`` chooses."""
-    prop = Proposal()
-    while (ask := plan.next_ask()) is not None:
-        if len(prop):   # the plan drops the draft in hand for a model member's
-            drafter.truncated(0)
-            prop = Proposal()
-        m, cap = ask
-        set_mode(plan, drafter.members()[m], m)
-        t0 = time.perf_counter()
-        got = drafter.draft_member(m, history, cap, p_min)
-        plan.drafted(m, len(got), time.perf_counter() - t0)
-        if len(got):
-            prop = got
-    return keep(plan, drafter, prop)
-
-
-def set_mode(plan: Plan, member: Drafter, m: int) -> None:
-    """Before member m drafts: its draft mode for this step (a member with ``draft_modes``)."""
-    if member.draft_modes:
-        member.sample_drafts = plan.sample_for(m)
-
-
-def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:
-    """`prop` cut to the drafts ``plan.finish`` verifies (the drafter is told of a cut)."""
-    k = plan.finish(len(prop))
-    if k < len(prop):
-        drafter.truncated(k)
-        prop.truncate(k)
-    return prop

@@ -45,8 +45,9 @@ from ..observe.stats import SpecStats
 from ..rules import Rule, choose, make_rules
 from ..rules.tree import TreeRule
 from .bands import RequestView, band_of, draft_modes_band
-from .controller import SpecController, keep, run_plan, set_mode
+from .controller import SpecController
 from .draft_length import DraftLengthController
+from .plan_driver import keep, run_plan, set_mode
 from .prefix import PrefixReuse, SlotCells
 from .prompt_cache import PromptCache, common_prefix
 from .request import Emitter, GenerationResult, Request, RequestHost, TokenEvent, check_n_max

@@ -79,24 +79,30 @@ class LinearFit:
         if y > self.OUTLIER * max(self.floor, 1e-6):
             return
         if self.count >= 3.0 and y > 2.0 * self.sum_y / self.count:   # (only a large one can need it)
-            beta = self.coef(np.zeros(self.n))
+            beta = self.coef()
             assert beta is not None
             y = min(y, self.CLIP * max(float(x @ beta), 1e-6))
         d = self.decay
         self._beta.clear()
-        self.xtx = self.xtx * d + np.outer(x, x)
-        self.xty = self.xty * d + x * y
-        self.sum_x = self.sum_x * d + x
+        self.xtx *= d
+        self.xtx += x[:, None] * x
+        self.xty *= d
+        self.xty += x * y
+        self.sum_x *= d
+        self.sum_x += x
         self.count = self.count * d + 1.0
         self.sum_y = self.sum_y * d + y
 
-    def coef(self, prior: np.ndarray) -> np.ndarray | None:
-        """beta >= 0 (None before any measurement); directions the data do not fix stay at `prior`."""
+    def coef(self, prior: np.ndarray | None = None) -> np.ndarray | None:
+        """beta >= 0 (None before any measurement); directions the data do not fix stay at `prior`
+        (None: 0). Cached per prior until the next measurement (the controller asks every step)."""
         if self.count <= 0.0:
             return None
-        key = prior.tobytes()
+        key = b"" if prior is None else prior.tobytes()
         beta = self._beta.get(key)
         if beta is None:
+            if prior is None:
+                prior = np.zeros(self.n)
             lam = 1e-6 * max(float(np.trace(self.xtx)), 1e-12) + 1e-12
             a = self.xtx + lam * np.eye(self.n)
             b = self.xty + lam * prior
@@ -117,7 +123,7 @@ class LinearFit:
         xtx, xty, count, sum_y, sum_x = data
         f = min(1.0, scale / count) if count > 0 else 0.0
         self.sum_x = np.asarray(sum_x, dtype=np.float64) * f
-        self.xtx = np.asarray(xtx, dtype=np.float64) * f
+        self.xtx = np.asarray(xtx, dtype=np.float64) * f   # (new arrays: add() updates them in place)
         self.xty = np.asarray(xty, dtype=np.float64) * f
         self.count, self.sum_y = float(count) * f, float(sum_y) * f
         self._beta.clear()
@@ -134,10 +140,12 @@ class CostModel:
         self.verify_line = LinearFit(3, decay)                # 1, N, B
         self.post_line = LinearFit(2, decay, warmup=1)        # 1, n
         self.draft_lines: dict[str, LinearFit] = {}           # drafter -> k + 1, gap - 1
+        self.version = 0   # counts record_decode and record_post: c and r change only then
 
     # -- measurements ----------------------------------------------------------------------------
     def record_decode(self, n_rows: int, n_seqs: int, seconds: float) -> None:
         """A verification decode of n_rows rows of n_seqs sequences took `seconds`."""
+        self.version += 1
         cell = self.cells.setdefault((int(n_rows), int(n_seqs)), [0.0, 0.0])
         if cell[0] >= 2.0:
             seconds = min(seconds, LinearFit.CLIP * cell[1])
@@ -148,6 +156,7 @@ class CostModel:
 
     def record_post(self, n_rows: int, seconds: float) -> None:
         """One sequence's work after the decode of its n_rows rows took `seconds`."""
+        self.version += 1
         self.post_line.add(np.array([1.0, n_rows]), seconds)
 
     def record_draft(self, drafter: str, n_drafted: int, gap: int, seconds: float) -> None:
@@ -166,25 +175,24 @@ class CostModel:
 
     def verify_cost(self, n_rows: np.ndarray, n_seqs: int) -> np.ndarray:
         """c(N, B) for each N of `n_rows` (int, ascending), made non-decreasing in N; NaN unknown."""
-        line = self.verify_line.coef(np.zeros(3))
+        line = self.verify_line.coef()
         if line is not None and not self.ready():
             # one size timed: flat (the optimistic guess that makes the loop try other sizes)
             line = np.array([self.verify_line.sum_y / self.verify_line.count, 0.0, 0.0])
         out = (np.full(len(n_rows), np.nan) if line is None
                else line[0] + line[1] * np.asarray(n_rows, dtype=np.float64) + line[2] * n_seqs)
-        b, top = int(n_seqs), int(n_rows[-1]) if len(n_rows) else 0
+        b = int(n_seqs)
+        where = {n: i for i, n in enumerate(np.asarray(n_rows).tolist())}
         for (n, nb), (w, mean) in self.cells.items():   # a few cells: look each one up in n_rows
-            if nb != b or n > top or w <= 0:
-                continue
-            i = int(np.searchsorted(n_rows, n))
-            if i < len(n_rows) and n_rows[i] == n:
+            i = where.get(n) if nb == b and w > 0 else None
+            if i is not None:
                 out[i] = mean if line is None else (w * mean + out[i]) / (w + 1.0)
         if not np.isnan(out).any():
             out = np.maximum.accumulate(np.maximum(out, 1e-9))
         return out
 
     def post_cost(self, n_rows: np.ndarray) -> np.ndarray:
-        coef = self.post_line.coef(np.zeros(2))
+        coef = self.post_line.coef()
         if coef is None:
             return np.zeros(len(n_rows))
         return np.maximum(coef[0] + coef[1] * n_rows, 0.0)

@@ -1,0 +1,43 @@
+"""Driving one plan of the speculation controller: draft as it asks, each member timed, then keep
+the prefix it chooses (controller.py says what a plan decides and why)."""
+
+from __future__ import annotations
+
+import time
+
+from ..drafters.base import Drafter, Proposal
+from .controller import Plan
+
+__all__ = ["keep", "run_plan", "set_mode"]
+
+
+def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> Proposal:
+    """Draft as `plan` asks (each member timed), then keep the prefix ``plan.finish`` chooses."""
+    prop = Proposal()
+    while (ask := plan.next_ask()) is not None:
+        if len(prop):   # the plan drops the draft in hand for a model member's
+            drafter.truncated(0)
+            prop = Proposal()
+        m, cap = ask
+        set_mode(plan, drafter.members()[m], m)
+        t0 = time.perf_counter()
+        got = drafter.draft_member(m, history, cap, p_min)
+        plan.drafted(m, len(got), time.perf_counter() - t0)
+        if len(got):
+            prop = got
+    return keep(plan, drafter, prop)
+
+
+def set_mode(plan: Plan, member: Drafter, m: int) -> None:
+    """Before member m drafts: its draft mode for this step (a member with ``draft_modes``)."""
+    if member.draft_modes:
+        member.sample_drafts = plan.sample_for(m)
+
+
+def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:
+    """`prop` cut to the drafts ``plan.finish`` verifies (the drafter is told of a cut)."""
+    k = plan.finish(len(prop))
+    if k < len(prop):
+        drafter.truncated(k)
+        prop.truncate(k)
+    return prop
