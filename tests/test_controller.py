@@ -416,3 +416,69 @@ def test_argmax_drafts_are_asked_for_in_the_argmax_arm_only():
     assert modes == {True, False}       # both modes were tried (cold turns)
     plan = ctl.plan(0, 3, "greedy", 1, 200)   # greedy: no argmax arm, the configured mode
     assert plan.arms() == [1, -1] and plan.sample_for(1)
+
+
+def _copy_run(shadow: bool, n_tokens: int = 96) -> tuple[float, list[int]]:
+    """An edit prompt's copy seen from a plain stretch: the cheap member proposes the rest of a
+    copy that plain decoding goes on emitting (every draft right), while its survival where the
+    last verification did not keep everything says drafts are lost at once. Returns (seconds, cuts)."""
+    cost = line(0.033, 0.030)
+    ctl = SpecController()
+    for n in (1, 6, 1, 6):
+        ctl.decoded(n, 1, cost(n))
+    ctl.attach(0, ["c"], [False])
+    for _ in range(30):   # earlier requests: after a plain step or a loss, drafts lost at once
+        ctl.accept.record_verify(("c", "greedy", False), 2, 0)
+        ctl.accept.record_verify(("c", "greedy", True), 8, 8)
+    pos, seconds, cuts = 0, 0.0, []
+    while pos < n_tokens:
+        plan = ctl.plan(0, 64, RequestView("greedy", n_tokens), 1, 100 + pos)
+        m, cap = plan.next_ask()
+        n = min(cap, n_tokens - pos - 1)
+        plan.drafted(m, n, 0.0)
+        k = plan.finish(n)
+        if k < n:
+            plan.dropped = 1000 + pos + k   # token ids of the copy: 1000 + its position (plan_driver.keep)
+        ctl.decoded(k + 1, 1, cost(k + 1))
+        ctl.verified(0, k, k + 1, 0.0, 1000 + pos + k if shadow else None)
+        pos, seconds = pos + k + 1, seconds + cost(k + 1)
+        cuts.append(k)
+    return seconds, cuts
+
+
+def test_a_copy_plain_decoding_goes_on_with_is_seen_and_verified_long():
+    # The shadow check: a cheap draft cut to nothing is compared with the token the plain step
+    # emitted; a match is a verification that kept everything. Without it (the broken variant:
+    # emitted unknown) the copy is decoded plainly to its end (session 18, an edit prompt at
+    # temp 0: 15 plain steps with a 44-token copy in hand; auto 17.6 t/s against 27.3 verifying it).
+    sec, cuts = _copy_run(True)
+    sec_off, cuts_off = _copy_run(False)
+    assert cuts[0] == 0 and max(cuts[1:4]) >= 8, cuts
+    assert sum(k == 0 for k in cuts) <= 2, cuts
+    assert sum(k == 0 for k in cuts_off) >= 40, cuts_off
+    assert sec < 0.55 * sec_off   # (verifying the copy whole: 0.49)
+
+
+@pytest.mark.parametrize("band, costly, recorded", [("greedy", True, True), ("token/t<1", False, True),
+                                                     ("token/t<1", True, False), ("block/t<1", False, False)])
+def test_the_shadow_check_records_survival_only_where_it_is_the_rules(band, costly, recorded):
+    # A plain step emits d with p(d): the keep probability of an n-gram's draft d (no q) under the
+    # token rule and of any draft under exact-match; not of a model's sampled draft under the token
+    # rule (min(1, p/q)) nor under a block rule. The slot's "full" state follows the match anyway.
+    for emitted, match in ((7, True), (8, False)):
+        ctl = SpecController()
+        for n in (1, 6, 1, 6):
+            ctl.decoded(n, 1, 0.03 + 0.01 * n)
+        ctl.attach(0, ["c"], [costly])
+        plan = ctl.plan(0, 4, RequestView(band), 1, 100)
+        plan.member, plan.held_arm, plan.n_held, plan.sunk = 0, 0, 3, 0.0   # a 3-token draft in hand ...
+        k = plan.finish(0)          # ... cut to nothing
+        assert k == 0
+        plan.dropped = 7            # (as plan_driver.keep records it)
+        before = ctl.accept.count([("c", band, False)])
+        ctl.verified(0, 0, 1, 0.0, emitted)
+        after = ctl.accept.count([("c", band, False)])
+        assert (after - before == 1.0) == recorded
+        if recorded:
+            assert ctl.survival("c", band, False, 1)[0] > 0.5 if match else ctl.survival("c", band, False, 1)[0] < 0.5
+        assert ctl.slots[0].last_full == match

@@ -476,7 +476,10 @@ class StepCore:
         if drafter is not None:
             drafter.accepted(n_acc)
         if self.auto is not None and s.tree is None:   # its post cost, survival, what was chosen
-            c = self.auto.verified(slot.index, n_acc, len(s.batch), time.perf_counter() - t0)
+            at = s.pos0 + n_acc + 1   # the token emitted after the kept drafts (the shadow check)
+            hist = s.em.history
+            c = self.auto.verified(slot.index, n_acc, len(s.batch), time.perf_counter() - t0,
+                                   int(hist[at]) if at < len(hist) else None)
             if c is not None:
                 req.stats.count_auto(c.name, c.k, c.explored)
         self._after_verify(s, out)

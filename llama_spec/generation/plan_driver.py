@@ -35,9 +35,11 @@ def set_mode(plan: Plan, member: Drafter, m: int) -> None:
 
 
 def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:
-    """`prop` cut to the drafts ``plan.finish`` verifies (the drafter is told of a cut)."""
+    """`prop` cut to the drafts ``plan.finish`` verifies (the drafter is told of a cut); the first
+    draft cut off is kept in ``plan.dropped`` (the controller checks it against the token emitted)."""
     k = plan.finish(len(prop))
     if k < len(prop):
+        plan.dropped = int(prop.tokens[k])
         drafter.truncated(k)
         prop.truncate(k)
     return prop
