@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["RequestView", "band_of", "draft_modes_band"]
+__all__ = ["RequestView", "band_of", "draft_modes_band", "shadow_exact"]
 
 
 def band_of(greedy: bool, temp: float, rule: str) -> str:
@@ -22,6 +22,14 @@ def draft_modes_band(greedy: bool, temp: float, rule_uses_q: bool, sample: bool)
     """The band of argmax drafts when a request may choose its drafts' mode (sampled drafts under
     a rule that uses q), else None (greedy: the modes coincide; exact-match: argmax only)."""
     return band_of(False, temp, "exact-match") if not greedy and rule_uses_q and sample else None
+
+
+def shadow_exact(band: str, costly: bool) -> bool:
+    """Whether a plain step's token, compared with a draft d cut off in its place, observes d's
+    survival: it emits d with p(d), the rule's keep probability in greedy and exact-match bands and
+    for an n-gram's drafts (no q) under the token rule; not a model's sampled drafts under a rule of
+    q (min(1, p/q)), nor block rules."""
+    return band == "greedy" or band.startswith("exact-match/") or (band.startswith("token/") and not costly)
 
 
 @dataclass(frozen=True)

@@ -79,12 +79,12 @@ import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 import numpy as np
 
 from ..env import env_flag
-from .bands import RequestView, band_of, draft_modes_band
+from .bands import RequestView, band_of, draft_modes_band, shadow_exact
 from .cost_model import CostModelSource, load_cost_model
 
 __all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band",
@@ -179,8 +179,7 @@ class Plan:
         self.k = 0
         self.predicted_full: float | None = None    # S(k) of the cut verified, as predicted
         self.dropped: int | None = None             # the first draft cut off (plan_driver.keep)
-        self.dropped_member: int | None = None      # ... and whose, in which arm
-        self.dropped_arm = PLAIN
+        self.dropped_arm = PLAIN                    # ... the arm of the proposal it was cut from
         self._asks: list[tuple[int, int]] = []
         self._arm: tuple[int, int, float] = (PLAIN, 0, 0.0)   # pre-draft: arm, cap, its predicted rate
         self.asked_costly = False
@@ -367,7 +366,7 @@ class Plan:
     # -- after drafting ---------------------------------------------------------------------------
     def finish(self, n: int) -> int:
         """The drafts to verify of the proposal held (n tokens): 0 .. n."""
-        self.dropped_member, self.dropped_arm = self.member, self.held_arm
+        self.dropped_arm = self.held_arm if self.member is not None else PLAIN
         if self.member is None or n <= 0:
             self.member, self.k = None, 0
         elif self._forced:
@@ -520,13 +519,12 @@ class SpecController:
         if st is None or plan is None:
             return None
         st.plan = None
-        m = plan.dropped_member
-        shadow = (m is not None and plan.dropped is not None and emitted is not None and n_kept == plan.k
-                  and (plan.k == 0 or plan.member == m))
+        a = plan.dropped_arm   # the shadow check: the first draft cut off against the token emitted
+        shadow = a != PLAIN and plan.dropped is not None and emitted is not None and n_kept == plan.k
         match = shadow and emitted == plan.dropped
-        if shadow and self._shadow_exact(st, cast(int, m), plan):   # the dropped draft, checked for free
-            self.accept.record_verify((st.names[cast(int, m)], plan.band_for(plan.dropped_arm), plan.full),
-                                      plan.k + 1, plan.k + int(match))
+        if shadow and shadow_exact(plan.band_for(a), st.costly[member_of(a)]):
+            self.accept.record_verify((st.names[member_of(a)], plan.band_for(a), plan.full), plan.k + 1,
+                                      plan.k + int(match))
             self.versions = (self.versions[0] + 1, self.versions[1])   # a survival changed
         elif plan.member is not None and plan.k > 0:
             self.accept.record_verify((st.names[plan.member], plan.held_band, plan.full), plan.k, n_kept)
@@ -538,22 +536,12 @@ class SpecController:
         # "full": the member's draft agreed with every token this step emitted (its verified drafts
         # and, where it drafted further, the next token: a copy plain decoding went on with)
         st.last_full = match or (plan.k > 0 and n_kept == plan.k and plan.dropped is None)
-        st.last_cut = ((plan.held_arm if plan.k else plan.dropped_arm), max(plan.k, 1)) if st.last_full else None
+        st.last_cut = (plan.held_arm if plan.k else a, max(plan.k, 1)) if st.last_full else None
         name = plan.member_name or "plain"
         self.choices[name] = self.choices.get(name, 0) + 1
         self.lengths[min(plan.k, 64)] += 1
         self.explored += plan.explored
         return Choice(plan.member, plan.k, plan.explored, plan.member_name)
-
-    @staticmethod
-    def _shadow_exact(st: _Slot, m: int, plan: Plan) -> bool:
-        """Whether the token emitted after the kept drafts, compared with the first draft cut off,
-        is an observation of that draft's survival: the rule keeps a draft d with probability p(d)
-        exactly where the plain step emits d with it (greedy, exact-match, the token rule with an
-        n-gram's drafts of no q); sampled drafts under a rule of q, and block rules, are not."""
-        band = plan.band_for(plan.dropped_arm)
-        return (band == "greedy" or band.startswith("exact-match/")
-                or (band.startswith("token/") and not st.costly[m]))
 
     def decoded(self, n_rows: int, n_seqs: int, seconds: float) -> None:
         self.cost.record_decode(n_rows, n_seqs, seconds)
