@@ -53,6 +53,7 @@ FIXED_DRAFT = [f"draft-simple:{k}" for k in range(1, 6)]
 FIXED_NGRAM = ["ngram-simple", "ngram-map-k", "ngram-mod"]
 FIXED_CHAIN = ["ngram-simple,draft-simple", "ngram-mod,draft-simple"]
 FIXED_TREE = ["tree:2,1,1", "tree:2,2,1"]
+GOAL_PLAIN = 0.97   # issue 25 goal 1: auto >= 0.97 x plain on every prompt
 
 
 def prompts(n_per_class: int) -> list[tuple[str, str]]:
@@ -171,8 +172,10 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
     fixed = {k: v for k, v in tps.items() if k not in ("plain", "native") and not k.startswith("auto")}
     oracle = max(fixed, key=lambda k: fixed[k]) if fixed else "plain"
     best_cv, chosen = cross_fit_best({k: v for k, v in runs.items() if k in fixed or k == "plain"})
+    # per pass, auto / plain (the two ran next to each other): its geometric mean's 95 % interval
+    paired = geo_mean_ci([x / y for x, y in zip(runs["auto"], runs["plain"], strict=True)])
     rec = {"class": cls, "temp": temp, "seed": seed, "tps": tps, "runs": runs, "oracle": oracle,
-           "auto_plain": tps["auto"] / tps["plain"], "auto_oracle": tps["auto"] / max(tps[oracle], tps["plain"]),
+           "auto_plain": tps["auto"] / tps["plain"], "auto_plain_paired": list(paired), "auto_oracle": tps["auto"] / max(tps[oracle], tps["plain"]),
            "oracle_cv": chosen, "best_cv": best_cv, "auto_oracle_cv": tps["auto"] / best_cv}
     if "native" in tps:
         rec["auto_native"] = tps["auto"] / tps["native"]
@@ -181,7 +184,8 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
     nat = f", /native {rec['auto_native']:.2f}" if "native" in rec else ""
     nat += "".join(f", /({v}) {rec[f'auto_ab {v}']:.2f}" for v in a.auto_ab)
     print(f"T={temp:<4} {cls:5}: plain {tps['plain']:6.1f}  auto {tps['auto']:6.1f}  oracle {oracle} "
-          f"{tps[oracle]:6.1f} (cross-fit {'/'.join(chosen)} {best_cv:6.1f})   auto/plain {rec['auto_plain']:.2f}, "
+          f"{tps[oracle]:6.1f} (cross-fit {'/'.join(chosen)} {best_cv:6.1f})   auto/plain {rec['auto_plain']:.2f} "
+          f"(paired {paired[0]:.2f} [{paired[1]:.2f}..{paired[2]:.2f}]), "
           f"/oracle {rec['auto_oracle']:.2f}, /cross-fit {rec['auto_oracle_cv']:.2f}{nat}", flush=True)
     return rec
 
@@ -266,6 +270,11 @@ def main(argv: list[str] | None = None) -> int:
                      if not key.startswith("auto_ab ") else f"auto / auto {key[8:]}")
             print(f"  {label}: median {statistics.median(vals):.3f}, min {min(vals):.3f}, "
                   f"geometric mean {g:.3f} (95 % interval {lo:.3f} .. {hi:.3f})")
+    below = [r for r in recs if r["auto_plain_paired"][2] < GOAL_PLAIN]
+    under = [r for r in recs if r["auto_plain_paired"][0] < GOAL_PLAIN]
+    out["goal_plain"] = {"goal": GOAL_PLAIN, "point_below": len(under), "interval_below": len(below)}
+    print(f"  auto / plain per prompt, paired by pass: {len(under)} of {len(recs)} below {GOAL_PLAIN} "
+          f"(geometric mean), {len(below)} with the whole 95 % interval below it")
     print(f"  {summary}")
     print(f"  (native: {'llama-speculative-simple defaults' if tool else 'not run'}; "
           f"command: {shlex.join(['llama-speculative-simple', '-m', 'T', '-md', 'D', '-p', 'PROMPT'])} ...)")

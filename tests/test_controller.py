@@ -286,6 +286,35 @@ def test_cost_model_cells_blend_with_the_line_and_stay_monotone():
     assert m.draft_cost("d", np.array([1, 3])) == pytest.approx([0.02, 0.04], rel=0.05)
 
 
+# c(N) of 1.5B on 2 AVX2 EPYC cores, ms (scripts/bench_verify_cost.py, 2026-12-04): concave past N 8
+MEASURED_C = {1: 51.2, 2: 84.6, 3: 113.2, 4: 134.2, 6: 188.3, 8: 299.1, 12: 371.9, 16: 386.1, 24: 603.5,
+              32: 698.7, 48: 1018.1, 64: 1247.5}
+
+
+def test_cost_model_between_cells_interpolates_and_beyond_them_follows_the_local_slope():
+    m = CostModel(decay=0.98)
+    for _ in range(10):   # as the controller sees it: mostly plain steps, drafts up to 24 rows
+        for _ in range(10):
+            m.record_decode(1, 1, MEASURED_C[1] / 1e3)
+        for n in (2, 3, 4, 6, 8, 12, 16, 24):
+            m.record_decode(n, 1, MEASURED_C[n] / 1e3)
+    c = 1e3 * m.verify_cost(np.arange(1, 65), 1)
+    for n in (32, 48, 64):   # beyond the cells: within 13 % (the line fitted to all: > 15 % high)
+        assert c[n - 1] == pytest.approx(MEASURED_C[n], rel=0.13), (n, c[n - 1])
+        line = m.verify_line.coef()
+        assert 1e3 * (line[0] + line[1] * n + line[2]) > 1.15 * MEASURED_C[n]
+    assert c[9] == pytest.approx((MEASURED_C[8] + MEASURED_C[12]) / 2, rel=0.05)   # between two cells
+    # two noisy cells close together at the top cannot make long drafts look free
+    m2 = CostModel(decay=1.0)
+    for _ in range(5):
+        m2.record_decode(1, 1, 0.030)
+        m2.record_decode(8, 1, 0.100)
+        m2.record_decode(9, 1, 0.098)
+    slope = m2.verify_line.coef()[1]
+    tail = m2.verify_cost(np.array([9, 30]), 1)
+    assert (tail[1] - tail[0]) / 21 >= 0.5 * slope > 0
+
+
 def test_saved_model_round_trips_as_a_light_prior(tmp_path):
     ctl = SpecController()
     simulate(ctl, 100, cost=line(0.03, 0.004), accept={"d": 0.7}, draft_s={"d": 0.003})

@@ -8,7 +8,11 @@ Words, used below exactly:
   decayed least squares; the estimate at (N, B) blends the cell's mean (its weight) with the line
   (weight 1), so a cell measured often is trusted and one never measured comes from the line.
   CPU decodes are not linear in N (1.5B on 2 cores: n = 2 costs 1.43x n = 1, n = 4 1.64x,
-  n = 8 2.88x; docs FACTS), hence the cells.
+  n = 8 2.88x; docs FACTS), hence the cells. Between two measured cells the estimate is
+  interpolated between theirs; beyond the largest it goes on at the local slope there (the
+  secant over its upper half), not the line's: the line is fitted mostly to plain steps and
+  short drafts, and CPU rows cost less at large N (AVX2 EPYC, 1.5B: 28 ms a row at N <= 6, 18
+  ms at N 16 .. 64: the line put c(45) at about 1.2 s, `bench_verify_cost.py` measured 0.96 s).
 - **post cost** r(n): seconds of one sequence's work after the decode of its n rows (its drafter's
   observe, the rule, the rollback), a line in n.
 - **draft cost** D_m(k, gap): seconds of one ``draft()`` call of drafter m for k draft tokens,
@@ -182,14 +186,36 @@ class CostModel:
         out = (np.full(len(n_rows), np.nan) if line is None
                else line[0] + line[1] * np.asarray(n_rows, dtype=np.float64) + line[2] * n_seqs)
         b = int(n_seqs)
-        where = {n: i for i, n in enumerate(np.asarray(n_rows).tolist())}
-        for (n, nb), (w, mean) in self.cells.items():   # a few cells: look each one up in n_rows
-            i = where.get(n) if nb == b and w > 0 else None
-            if i is not None:
-                out[i] = mean if line is None else (w * mean + out[i]) / (w + 1.0)
+        ns = np.asarray(n_rows, dtype=np.float64)
+        known = sorted((n, w, mean) for (n, nb), (w, mean) in self.cells.items() if nb == b and w > 0)
+        if line is not None and len(known) >= 2:
+            x = np.array([n for n, _, _ in known], dtype=np.float64)
+            at = line[0] + line[1] * x + line[2] * b
+            y = np.array([(w * mean + a) / (w + 1.0) for (_, w, mean), a in zip(known, at, strict=True)])
+            inside = (ns >= x[0]) & (ns <= x[-1])
+            out[inside] = np.interp(ns[inside], x, y)
+            far = ns > x[-1]
+            if far.any():
+                out[far] = y[-1] + self._tail_slope(x, y, float(line[1])) * (ns[far] - x[-1])
+        else:
+            where = {n: i for i, n in enumerate(np.asarray(n_rows).tolist())}
+            for n, w, mean in known:
+                i = where.get(n)
+                if i is not None:
+                    out[i] = mean if line is None else (w * mean + out[i]) / (w + 1.0)
         if not np.isnan(out).any():
             out = np.maximum.accumulate(np.maximum(out, 1e-9))
         return out
+
+    @staticmethod
+    def _tail_slope(x: np.ndarray, y: np.ndarray, line_slope: float) -> float:
+        """Seconds per row beyond the largest cell: the secant from the largest cell to the largest
+        one at <= half its rows (a wide base, so two noisy cells close together cannot tip it), at
+        least half the line's (a slope fitted to noise must not make long drafts free)."""
+        j = int(np.searchsorted(x, x[-1] / 2.0, side="right")) - 1
+        j = j if j >= 0 else 0
+        secant = (y[-1] - y[j]) / (x[-1] - x[j]) if x[-1] > x[j] else line_slope
+        return max(float(secant), 0.5 * line_slope)
 
     def post_cost(self, n_rows: np.ndarray) -> np.ndarray:
         coef = self.post_line.coef()
