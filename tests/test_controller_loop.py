@@ -132,3 +132,25 @@ def test_batch_auto_greedy_equals_plain(smollm):
     assert [r.tokens for r in got] == want
     assert sum(r.stats.auto_steps for r in got) > 0
     gen.close()
+
+
+def test_auto_with_a_tree_greedy_equals_plain_and_runs_the_tree_arm(smollm):
+    """A tree request under the controller: plain, the chain or the tree (2, 1, 1) per step; the
+    greedy text is plain decoding's (up to a near-tie: a tree's rejected branches move KV cells,
+    docs/trees.md), and the tree arm ran (its cold turns at least), counted under its own name."""
+    from conftest import same_or_near_tie
+
+    no_fa = {"flash_attn": "off"}
+    kw = dict(sampling=SamplerParams(temp=0.0), n_predict=40, ignore_eos=True)
+    plain = SpeculativeGenerator(smollm, None, n_ctx=256, context_options=no_fa)
+    want = plain.generate(PROMPT, **kw)
+    plain.close()
+    gen = SpeculativeGenerator(smollm, DraftModelDrafter(smollm, n_ctx=256), n_ctx=256, tree=(2, 1, 1), auto=True,
+                               context_options=no_fa)
+    r = gen.generate(PROMPT, **kw)
+    gen.close()
+    assert r.verify == "tree" and len(r.tokens) == 40
+    assert same_or_near_tie(smollm, want, r.text, 1.0, **no_fa), (r.text, want.text)
+    by = r.stats.auto_by_drafter
+    assert by.get("draft-simple tree 2,1,1", 0) > 0, by
+    assert r.stats.auto_plain + sum(by.values()) == r.stats.auto_steps

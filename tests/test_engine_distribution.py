@@ -189,9 +189,9 @@ def _collect(gen: BatchGenerator, rounds: int, seed0: int, verify: str | Rule = 
     return [s for d in seen for s in d.samples], results
 
 
-def _batch(model, tree=None) -> BatchGenerator:
+def _batch(model, tree=None, auto: bool = False) -> BatchGenerator:
     return BatchGenerator(model, lambda: ColdDrafter(model), n_parallel=4, n_ctx=N_CTX, n_threads=THREADS, n_max=1,
-                          tree=tree)
+                          tree=tree, auto=auto)
 
 
 def _check_run(samples, results, broken: str, *, correct: bool) -> RankTest:
@@ -244,3 +244,39 @@ def test_tree_rule_in_a_batch_of_4_emits_p(smollm, correct):
     assert sum(m == 2 for *_, m in samples) >= 0.9 * len(samples)
     test = _check_run(samples, results, "tree", correct=correct)
     assert test.law_error < 1e-12  # the law used for the power is the rule's: p when correct
+
+
+
+@pytest.fixture
+def gpu_like_costs(monkeypatch):
+    """The controller's prices as on a GPU (extra rows and drafts nearly free): it drafts on most
+    steps and chooses the tree or the chain by their measured acceptance, exploring the others
+    (on this CPU, with the draft model as large as the target, it decodes plainly: 4 tree steps of
+    731). Decoding and the rules are untouched."""
+    from llama_spec.generation.controller import SpecController
+    from llama_spec.generation.cost_model import CostModel
+
+    monkeypatch.setattr(SpecController, "step_cost", lambda self, k_cap, n_seqs: 0.01 + 1e-4 * np.arange(k_cap + 1))
+    monkeypatch.setattr(CostModel, "draft_cost", lambda self, name, k, gap=1: 1e-4 * (np.asarray(k, float) + 1.0))
+
+
+@pytest.mark.parametrize("correct", [True, False], ids=["rule", "broken-rule"])
+def test_trees_chosen_by_the_controller_in_a_batch_of_4_emit_p(smollm, gpu_like_costs, correct):
+    """auto=True: each step of each sequence is plain, a chain of one draft (the token rule) or the
+    tree (2,), as the controller decides from what the sequence's earlier steps kept; every position
+    decided with a draft still has law p, and the broken tree rule is caught."""
+    gen = _batch(smollm, tree=TREE, auto=True)
+    if not correct:
+        gen.core.tree_rule.node_kernel = _keep_rejected_in_q
+    try:
+        samples, results = _collect(gen, TREE_ROUNDS, 3000 if correct else 70_000)
+    finally:
+        gen.close()
+    by: dict[str, int] = {"plain": sum(r.stats.auto_plain for r in results)}
+    for r in results:
+        for k, v in r.stats.auto_by_drafter.items():
+            by[k] = by.get(k, 0) + v
+    print(f"auto chose {by}")
+    assert by.get("draft-simple tree 2", 0) > 0.5 * sum(by.values()), by   # mostly trees, and
+    assert by.get("draft-simple", 0) + by.get("draft-simple argmax", 0) > 0 and by["plain"] > 0, by   # the others
+    _check_run(samples, results, "tree", correct=correct)

@@ -37,9 +37,10 @@ class RequestView:
     """What a plan needs of its request, built once per request: band (``band_of``); n_predict: its
     token budget (bounds one exploration's loss; None: unbounded); argmax_band: the band of argmax
     drafts where it may choose the draft mode (``draft_modes_band``; None: as configured);
-    sample: its configured draft mode."""
+    sample: its configured draft mode; tree: its tree shape (the controller's tree arm), if any."""
 
     band: str
     n_predict: int | None = None
     argmax_band: str | None = None
     sample: bool = True
+    tree: tuple[int, ...] | None = None

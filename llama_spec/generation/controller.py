@@ -59,6 +59,18 @@ together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per step: 16.
 21.7 verifying it whole; session 12). The ramp reaches a long copy in a few steps, at a bounded
 price where drafts are lost one by one (the model's own assumption): 1-3 % in simulation.
 
+Trees: a request with a tree shape (``tree=``, ``--spec-draft-tree``) has one more arm, ``TREE``:
+the slot's drafter drafting that shape to depth d = 1 .. its depth (the tree cut to d levels),
+verified whole in 1 + nodes(d) target rows. Its survival and draft cost are its own (keyed
+"draft-simple tree 2,1,1": S_tree(j) is the chance that some path reaches depth j), so
+
+    E(d) = 1 + S_tree(1) + .. + S_tree(d),   T(d) = c(B (1 + nodes(d)), B) / B + r(1 + nodes(d)) + D_tree(d)
+
+and plain, the member's chain (either draft mode) and the tree are chosen among, explored and
+measured like any arms. A tree's depth is chosen before drafting and never cut after (a cut
+would change which rows the shape's paths own); exactness as for chains: the tree rule is exact
+for every shape, and a choice uses only the past.
+
 Overhead: a plan runs between two decodes, with the caches cold (the model's weights streamed
 through them): 0.5 ms of Python per step here, against 0.2 ms for plain decoding (SmolLM2-135M,
 2 cores; 6 % of its step). So the step cost curve is re-read every ``STEP_COST_REFRESH``
@@ -77,20 +89,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from ..env import env_flag
+from ..kernels.tree_shape import tree_node_count
+from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, member_of, shape_label
 from .bands import RequestView, band_of, draft_modes_band, shadow_exact
 from .cost_model import CostModelSource, load_cost_model
 
-__all__ = ["ENV_AUTO", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "band_of", "draft_modes_band",
-           "make_controller"]
+__all__ = ["ENV_AUTO", "PLAIN", "TREE", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "arm_of",
+           "band_of", "draft_modes_band", "make_controller", "member_of"]
 
-PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
 ENV_AUTO = "LLAMA_SPEC_AUTO"   # the default of auto=None (on when unset)
 
 
@@ -104,16 +116,6 @@ def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> Sp
     return SpecController(cost_model=cost_model)
 
 
-def arm_of(m: int, argmax: bool) -> int:
-    """The arm of member m in a draft mode (sampled: m itself)."""
-    return -(m + 2) if argmax else m
-
-
-def member_of(arm: int) -> int:
-    """requires: arm != PLAIN."""
-    return arm if arm >= 0 else -arm - 2
-
-
 PLAIN_MARGIN = 0.05   # a costly arm is chosen over plain only when predicted this much faster
 RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (module docstring, Ramp)
 RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as often as predicted
@@ -122,44 +124,12 @@ STEP_COST_REFRESH = 8   # c and r are re-read every 8 of their measurements (4 s
 BEST_REFRESH = 4        # each arm's best length is re-read every 4 plans (the same)
 
 
-@dataclass
-class Choice:
-    """What one step of one sequence did: member (None: plain), drafts verified, explored."""
-
-    member: int | None
-    k: int
-    explored: bool = False
-    name: str | None = None     # the member's name
-
-
-@dataclass
-class _Slot:
-    """One slot's drafter members and its exploration state."""
-
-    names: list[str]
-    costly: list[bool]
-    modes: list[bool]                                         # member -> has the argmax draft mode
-    turns: dict[int, int] = field(default_factory=dict)       # arm -> steps it was asked (plain: ran)
-    since: dict[int, int] = field(default_factory=dict)       # arm -> steps since it last ran
-    len_since: dict[int, int] = field(default_factory=dict)   # member -> cuts since a longer one was tried
-    clock: float = 0.0                                        # predicted seconds of its steps so far
-    ran_at: dict[int, float] = field(default_factory=dict)    # arm -> clock when it last ran
-    len_at: dict[int, float] = field(default_factory=dict)    # member -> clock at its last longer cut
-    last_drafted: dict[int, int] = field(default_factory=dict)  # member -> history length at its last draft
-    longest: dict[int, int] = field(default_factory=dict)       # member -> its longest proposal so far
-    last_full: bool = False
-    last_cut: tuple[int, int] | None = None   # (arm, k) of the last verification when it kept all k
-    sweep_i: int = 0
-    plan: Plan | None = None
-    best: tuple[Any, int, dict[int, tuple[int, float, float, float]]] | None = None   # (key, age, Plan._best)
-
-
 class Plan:
     """One sequence's decision for one step: ``next_ask()`` / ``drafted()`` until None, then
     ``finish()``. sync_need(m): tokens member m's next draft syncs (None: estimated)."""
 
-    def __init__(self, ctl: SpecController, st: _Slot, k_cap: int, req: RequestView, n_seqs: int, hist_len: int,
-                 sync_need: Callable[[int], int | None] | None = None) -> None:
+    def __init__(self, ctl: SpecController, st: SlotState, k_cap: int, req: RequestView, n_seqs: int, hist_len: int,
+                 sync_need: Callable[[int], int | None] | None = None, tree_cap: int = 0) -> None:
         self.ctl, self.st, self.hist_len = ctl, st, hist_len
         self.band, self.argmax_band, self.sample, self.n_predict = req.band, req.argmax_band, req.sample, req.n_predict
         self._sync_need = sync_need
@@ -167,7 +137,11 @@ class Plan:
         costly = [i for i, c in enumerate(st.costly) if c]
         if self.argmax_band is not None:
             costly += [arm_of(i, True) for i in costly if st.modes[i]]
-        self._arms = costly + [PLAIN]
+        # the tree arm: the request's shape cut to tree_cap levels (rows: target rows per depth - 1)
+        self.tree_shape = req.tree if req.tree and st.costly[0] else None
+        self.tree = self.tree_shape[:max(tree_cap, 0)] if self.tree_shape else ()
+        self._tree_rows = np.array([tree_node_count(self.tree[:j]) for j in range(len(self.tree) + 1)])
+        self._arms = costly + ([TREE] if self.tree else []) + [PLAIN]
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
         # T without drafting, per n_rows 1 .. : as far as a decision needs (``vs``)
@@ -193,7 +167,7 @@ class Plan:
             return
         self._arm = self._choose_arm()
         self._asks = [(i, k_cap) for i, c in enumerate(st.costly) if not c]
-        if self._arm[0] != PLAIN and not self._asks:
+        if self._arm[0] == TREE or (self._arm[0] != PLAIN and not self._asks):
             self._asks = [(member_of(self._arm[0]), self._arm[1])]
 
     # -- before drafting ------------------------------------------------------------------------
@@ -202,7 +176,18 @@ class Plan:
         return self._arms
 
     def band_for(self, arm: int) -> str:
-        return self.argmax_band if arm < PLAIN and self.argmax_band is not None else self.band
+        return self.argmax_band if is_argmax(arm) and self.argmax_band is not None else self.band
+
+    def arm_name(self, arm: int) -> str:
+        """What an arm's survival and draft cost are measured under: its member's name (a tree:
+        with the request's whole shape; a depth d prefix keeps S(1 .. d) and the draft line)."""
+        name = self.st.names[member_of(arm)]
+        return f"{name} tree {shape_label(self.tree_shape)}" if arm == TREE and self.tree_shape else name
+
+    @property
+    def tree_depth(self) -> int:
+        """The depth of the tree to draft this step (0: no tree; then ``next_ask`` as usual)."""
+        return self._arm[1] if self._arm[0] == TREE and not self._forced else 0
 
     def arm_drafting(self, m: int) -> int:
         """The arm member m drafts for now: the chosen arm if it is m's, else m (sampled)."""
@@ -211,7 +196,7 @@ class Plan:
 
     def sample_for(self, m: int) -> bool:
         """The draft mode member m drafts in now (True: as the request configured it, else argmax)."""
-        return self.sample and self.arm_drafting(m) >= 0
+        return self.sample and not is_argmax(self.arm_drafting(m))
 
     def _choose_arm(self) -> tuple[int, int, float]:
         """(arm, cap, predicted rate): cold turns first, then the best, explored."""
@@ -223,7 +208,7 @@ class Plan:
         if cold or np.isnan(self.v).any():
             a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
             self.explored = True
-            return a, (self.k_cap if a != PLAIN else 0), 0.0
+            return a, (len(self.tree) if a == TREE else self.k_cap if a != PLAIN else 0), 0.0
         best = self._best(arms)
         top = max(best, key=lambda a: best[a][1])
         if top != PLAIN and best[top][1] < (1.0 + PLAIN_MARGIN) * best[PLAIN][1]:
@@ -251,14 +236,15 @@ class Plan:
         """arm -> (k, rate, E(k), T(k)) of its best length; reused for BEST_REFRESH steps while
         nothing but c and r was measured (module docstring, Overhead)."""
         st, ctl = self.st, self.ctl
-        key = (self.band, self.argmax_band, self.n_seqs, self.k_cap, tuple(st.longest.items()), ctl.versions)
+        key = (self.band, self.argmax_band, self.n_seqs, self.k_cap, self.tree, tuple(st.longest.items()), ctl.versions)
         if st.best is not None and st.best[0] == key and st.best[1] < BEST_REFRESH and ctl.cost.version >= 128:
             st.best = (key, st.best[1] + 1, st.best[2])
             return st.best[2]
         best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
         for a in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
             m = member_of(a)
-            o = self.options(a, min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1), None, pooled=True)
+            n = len(self.tree) if a == TREE else min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1)
+            o = self.options(a, n, None, pooled=True)
             if o is not None:
                 e, t = o
                 k = int(np.argmax(e[1:] / t[1:])) + 1
@@ -274,7 +260,7 @@ class Plan:
         ctl = self.ctl
         if arm == PLAIN:
             return not np.isnan(self.v[0])
-        name, band = self.st.names[member_of(arm)], self.band_for(arm)
+        name, band = self.arm_name(arm), self.band_for(arm)
         return (ctl.cost.draft_cost(name, np.array([1])) is not None
                 and ctl.accept.count([(name, band, False), (name, band, True)]) >= 1.0)
 
@@ -298,12 +284,13 @@ class Plan:
 
     def options(self, arm: int, n: int, sunk: float | None,
                 pooled: bool = False) -> tuple[np.ndarray, np.ndarray] | None:
-        """(expected tokens, seconds) of an arm's options k = 0 .. n (index k); sunk: the draft
+        """(expected tokens, seconds) of an arm's options k = 0 .. n (index k; the tree arm: depth k,
+        verified in 1 + its nodes rows); sunk: the draft
         already paid (None: predict its cost). None when its draft cost was never measured.
         pooled: its survival whatever the last verification kept (an arm's choice: keyed by that
         too, an arm tried rarely after full verifications kept a bad early estimate there, and the
         other mode was chosen every second step)."""
-        ctl, name = self.ctl, self.st.names[member_of(arm)]
+        ctl, name = self.ctl, self.arm_name(arm)
         surv = ctl.survival(name, self.band_for(arm), None if pooled else self.full, n)
         e = np.concatenate([[1.0], 1.0 + np.cumsum(surv)])
         if sunk is None:
@@ -313,7 +300,8 @@ class Plan:
             d[0] = 0.0   # k = 0: nothing drafted
         else:
             d = np.full(n + 1, sunk)
-        return e, np.maximum(self.vs(n) + d, 1e-9)
+        v = self.vs(int(self._tree_rows[n]))[self._tree_rows[: n + 1]] if arm == TREE else self.vs(n)
+        return e, np.maximum(v + d, 1e-9)
 
     def vs(self, n: int) -> np.ndarray:
         """T without drafting for k = 0 .. n (n_rows 1 .. n + 1)."""
@@ -340,10 +328,11 @@ class Plan:
         st = self.st
         gap = self.sync_gap(m)   # (read by next_ask, before the draft synced it)
         st.last_drafted[m] = self.hist_len
-        self.ctl.cost.record_draft(st.names[m], n, max(gap, 1), seconds)
-        st.longest[m] = max(st.longest.get(m, 0), n)
+        mine = self.arm_drafting(m)   # (a tree: n is its depth)
+        self.ctl.cost.record_draft(self.arm_name(mine), n, max(gap, 1), seconds)
+        if mine != TREE:
+            st.longest[m] = max(st.longest.get(m, 0), n)
         self.spent += seconds
-        mine = self.arm_drafting(m)
         if st.costly[m]:
             st.turns[mine] = st.turns.get(mine, 0) + 1
             self.ctl.versions = (self.ctl.versions[0], self.ctl.versions[1] + 1)   # its draft cost changed
@@ -369,8 +358,8 @@ class Plan:
         self.dropped_arm = self.held_arm if self.member is not None else PLAIN
         if self.member is None or n <= 0:
             self.member, self.k = None, 0
-        elif self._forced:
-            self.k = n
+        elif self._forced or self.held_arm == TREE:
+            self.k = n   # (a tree is verified whole: its depth was chosen before drafting)
         elif np.isnan(self.v).any():
             self.k, self.explored = n, True     # nothing timed yet: the full draft
         elif not self.ctl.cost.ready():
@@ -432,7 +421,7 @@ class Plan:
     def member_name(self) -> str | None:
         if self.member is None:
             return None
-        return self.st.names[self.member] + (" argmax" if self.held_arm < PLAIN else "")
+        return self.arm_name(self.held_arm) + (" argmax" if is_argmax(self.held_arm) else "")
 
 
 class SpecController:
@@ -454,7 +443,7 @@ class SpecController:
         self.sweep = list(sweep)
         self.ramp = ramp   # the cut's ramp after a full verification (module docstring)
         self.calib: dict[tuple[str, str], np.ndarray] = {}   # (member, band) -> decayed (S(k) predicted, full, n)
-        self.slots: dict[int, _Slot] = {}
+        self.slots: dict[int, SlotState] = {}
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}   # n_seqs -> (cost.version, step_cost)
         self.versions = (0, 0)   # (survival, costly draft cost) measurements: Plan._best's cache key
         self.choices: dict[str, int] = {}        # "plain" / member name -> steps
@@ -467,7 +456,7 @@ class SpecController:
         has the argmax draft mode (``Drafter.draft_modes``)."""
         c = [bool(x) for x in costly]
         md = [bool(x) and y for x, y in zip(modes, c, strict=True)] if modes is not None else [False] * len(c)
-        self.slots[slot] = _Slot(list(names), c, md)
+        self.slots[slot] = SlotState(list(names), c, md)
 
     def survival(self, name: str, band: str, full: bool | None, n: int) -> np.ndarray:
         """S(1) .. S(n) of a member's drafts in a band after a full verification or not (None: both)."""
@@ -498,12 +487,13 @@ class SpecController:
 
     # -- the core's calls -----------------------------------------------------------------------
     def plan(self, slot: int, k_cap: int, req: RequestView | str, n_seqs: int, hist_len: int,
-             sync_need: Callable[[int], int | None] | None = None) -> Plan:
+             sync_need: Callable[[int], int | None] | None = None, tree_cap: int = 0) -> Plan:
         """Slot `slot`'s decision for its next step of request `req` (a band alone: a request of
-        that band with the defaults); sync_need(m): tokens member m's next draft syncs (None: estimated)."""
+        that band with the defaults); sync_need(m): tokens member m's next draft syncs (None:
+        estimated); tree_cap: the deepest tree of the request's shape that fits (its tree arm)."""
         st = self.slots[slot]
         view = RequestView(req) if isinstance(req, str) else req
-        st.plan = Plan(self, st, k_cap, view, n_seqs, hist_len, sync_need)
+        st.plan = Plan(self, st, k_cap, view, n_seqs, hist_len, sync_need, tree_cap)
         return st.plan
 
     def current(self, slot: int) -> Plan | None:
@@ -527,7 +517,7 @@ class SpecController:
                                       plan.k + int(match))
             self.versions = (self.versions[0] + 1, self.versions[1])   # a survival changed
         elif plan.member is not None and plan.k > 0:
-            self.accept.record_verify((st.names[plan.member], plan.held_band, plan.full), plan.k, n_kept)
+            self.accept.record_verify((plan.arm_name(plan.held_arm), plan.held_band, plan.full), plan.k, n_kept)
             self.versions = (self.versions[0] + 1, self.versions[1])
         if plan.member is not None and plan.k > 0 and plan.predicted_full is not None:
             key = (st.names[plan.member], plan.held_band)

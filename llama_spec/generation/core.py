@@ -47,7 +47,7 @@ from ..rules.tree import TreeRule
 from .bands import RequestView, band_of, draft_modes_band
 from .controller import SpecController
 from .draft_length import DraftLengthController
-from .plan_driver import keep, run_plan, set_mode
+from .plan_driver import keep, run_plan, run_tree_plan, set_mode
 from .prefix import PrefixReuse, SlotCells
 from .prompt_cache import PromptCache, common_prefix
 from .request import Emitter, GenerationResult, Request, RequestHost, TokenEvent, check_n_max
@@ -475,11 +475,11 @@ class StepCore:
                 slot.last_full = len(s.prop) > 0 and n_acc == len(s.prop)
         if drafter is not None:
             drafter.accepted(n_acc)
-        if self.auto is not None and s.tree is None:   # its post cost, survival, what was chosen
+        if self.auto is not None:   # its post cost, survival, what was chosen
             at = s.pos0 + n_acc + 1   # the token emitted after the kept drafts (the shadow check)
             hist = s.em.history
             c = self.auto.verified(slot.index, n_acc, len(s.batch), time.perf_counter() - t0,
-                                   int(hist[at]) if at < len(hist) else None)
+                                   int(hist[at]) if at < len(hist) and s.tree is None else None)
             if c is not None:
                 req.stats.count_auto(c.name, c.k, c.explored)
         self._after_verify(s, out)
@@ -504,35 +504,39 @@ class StepCore:
         """Draft the sequence's next verification (a tree, a chain, or queued for its draft group)."""
         req, em, slot = s.req, s.em, s.slot
         last = em.history[-1]
-        if req.tree:  # a tree proposal, verified in the next joint decode (tree.py)
-            room = self.n_ctx_per_seq - 1 - s.pos0 if room is None else room
-            left = req.n_predict - len(em.tokens) - 1
-            s.tree = propose_tree(cast(TreeDrafting, slot.drafter), em.history, req.tree, min(room, left), room,
-                                  req.p_min)
+        room = self.n_ctx_per_seq - 1 - s.pos0 if room is None else room
+        tree_cap = min(room, req.n_predict - len(em.tokens) - 1) if req.tree else 0   # its deepest tree
+        s.tree = None
+        if req.tree and self.auto is None:  # a tree proposal, verified in the next joint decode (tree.py)
+            s.tree = propose_tree(cast(TreeDrafting, slot.drafter), em.history, req.tree, tree_cap, room, req.p_min)
             s.batch = np.asarray([last, *s.tree.tokens], dtype=np.int32)
             return
         if slot.drafter is None or k_cap <= 0:
             s.prop = Proposal()
-        elif self.auto is not None:
-            s.prop = self._auto_proposal(s, slot.drafter, k_cap)
+        elif self.auto is not None:   # (a tree request: plain, a chain or its tree, s.tree set)
+            s.prop = self._auto_proposal(s, slot.drafter, k_cap, tree_cap, room)
         elif slot.group is not None:
             s.prop = Proposal()
             self._pending.append((s, k_cap))  # drafted with the other slots of its group (_draft_pending)
         else:
             s.prop = self._cut(slot, slot.drafter.draft(em.history, k_cap, req.p_min), k_cap)
-        s.batch = np.asarray([last, *s.prop.tokens], dtype=np.int32)
+        s.batch = np.asarray([last, *(s.tree if s.tree is not None else s.prop).tokens], dtype=np.int32)
 
-    def _auto_proposal(self, s: _Seq, drafter: Drafter, k_cap: int) -> Proposal:
-        """The controller's choice for this step: drafted now, queued for its group, or none (plain)."""
+    def _auto_proposal(self, s: _Seq, drafter: Drafter, k_cap: int, tree_cap: int, room: int) -> Proposal:
+        """The controller's choice for this step: drafted now, queued for its group, none (plain), or
+        a tree of the request's shape (then in s.tree, and the proposal returned is empty)."""
         req, auto = s.req, cast(SpecController, self.auto)
         p = req.sampler.params
         members, history = drafter.members(), s.em.history
         if s.view is None:   # once per request
             s.view = RequestView(band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
                                  req.n_predict, draft_modes_band(p.greedy, p.temp, req.rule.uses_q, req.switch),
-                                 req.switch)
+                                 req.switch, req.tree)
         plan = auto.plan(s.slot.index, k_cap, s.view, len(self._seqs), len(history),
-                         lambda m: members[m].sync_need(history))
+                         lambda m: members[m].sync_need(history), tree_cap)
+        if plan.tree_depth:   # the tree arm (None: nothing drafted, a plain step)
+            s.tree = run_tree_plan(plan, cast(TreeDrafting, drafter), history, room, req.p_min)
+            return Proposal()
         if s.slot.group is None:
             return run_plan(plan, drafter, s.em.history, req.p_min)
         ask = plan.next_ask()   # a group member drafts with its group, up to the chosen cap

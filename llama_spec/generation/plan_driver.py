@@ -4,11 +4,14 @@ the prefix it chooses (controller.py says what a plan decides and why)."""
 from __future__ import annotations
 
 import time
+from typing import cast
 
 from ..drafters.base import Drafter, Proposal
+from ..drafters.tree import TreeDrafting, TreeProposal
 from .controller import Plan
+from .tree import propose_tree
 
-__all__ = ["keep", "run_plan", "set_mode"]
+__all__ = ["keep", "run_plan", "run_tree_plan", "set_mode"]
 
 
 def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> Proposal:
@@ -43,3 +46,15 @@ def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:
         drafter.truncated(k)
         prop.truncate(k)
     return prop
+
+
+def run_tree_plan(plan: Plan, drafter: TreeDrafting, history: list[int], room: int,
+                  p_min: float) -> TreeProposal | None:
+    """The plan's tree (requires: ``plan.tree_depth`` > 0): the request's shape to that depth,
+    timed and verified whole; None when nothing was drafted (p_min), a plain step."""
+    m, depth = cast(tuple[int, int], plan.next_ask())
+    set_mode(plan, cast(Drafter, drafter), m)
+    t0 = time.perf_counter()
+    tree = propose_tree(drafter, history, plan.tree, depth, room, p_min)
+    plan.drafted(m, tree.depth, time.perf_counter() - t0)
+    return tree if plan.finish(tree.depth) else None

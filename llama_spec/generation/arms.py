@@ -1,0 +1,75 @@
+"""The speculation controller's arms and per-slot state (controller.py defines the words).
+
+An **arm** is plain decoding, a costly member in one draft mode, or the slot's tree arm. Arms are
+ints: member m sampled is m (>= 0), ``PLAIN`` is -1, member m in argmax mode is -(m + 2), and
+``TREE`` is the slot's drafter (member 0) drafting the request's tree shape, with the depth as
+its length (a tree is verified whole: its depth is chosen before drafting, never cut after).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .controller import Plan
+
+__all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "member_of", "shape_label"]
+
+PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
+TREE = -1_000_000   # the tree arm (its member: 0, the tree-drafting drafter itself)
+
+
+def arm_of(m: int, argmax: bool) -> int:
+    """The arm of member m in a draft mode (sampled: m itself)."""
+    return -(m + 2) if argmax else m
+
+
+def member_of(arm: int) -> int:
+    """requires: arm != PLAIN."""
+    if arm == TREE:
+        return 0
+    return arm if arm >= 0 else -arm - 2
+
+
+def is_argmax(arm: int) -> bool:
+    """The arm is a member's argmax draft mode."""
+    return TREE < arm < PLAIN
+
+
+def shape_label(shape: tuple[int, ...]) -> str:
+    """A tree shape as the CLI writes it ("2,1,1")."""
+    return ",".join(str(w) for w in shape)
+
+
+@dataclass
+class Choice:
+    """What one step of one sequence did: member (None: plain), drafts verified (a tree: its
+    depth), explored."""
+
+    member: int | None
+    k: int
+    explored: bool = False
+    name: str | None = None     # the arm's name (the member's, "argmax" or "tree W1,W2,.." added)
+
+
+@dataclass
+class SlotState:
+    """One slot's drafter members and its exploration state."""
+
+    names: list[str]
+    costly: list[bool]
+    modes: list[bool]                                         # member -> has the argmax draft mode
+    turns: dict[int, int] = field(default_factory=dict)       # arm -> steps it was asked (plain: ran)
+    since: dict[int, int] = field(default_factory=dict)       # arm -> steps since it last ran
+    len_since: dict[int, int] = field(default_factory=dict)   # member -> cuts since a longer one was tried
+    clock: float = 0.0                                        # predicted seconds of its steps so far
+    ran_at: dict[int, float] = field(default_factory=dict)    # arm -> clock when it last ran
+    len_at: dict[int, float] = field(default_factory=dict)    # member -> clock at its last longer cut
+    last_drafted: dict[int, int] = field(default_factory=dict)  # member -> history length at its last draft
+    longest: dict[int, int] = field(default_factory=dict)       # member -> its longest chain proposal so far
+    last_full: bool = False
+    last_cut: tuple[int, int] | None = None   # (arm, k) of the last verification when it kept all k
+    sweep_i: int = 0
+    plan: Plan | None = None
+    best: tuple[Any, int, dict[int, tuple[int, float, float, float]]] | None = None   # (key, age, Plan._best)
