@@ -56,12 +56,12 @@ def test_a_decision_that_depends_on_the_emitted_token_keeps_the_distribution(syn
     spec, ref = synth
     real = core_mod.run_plan
 
-    def by_parity(plan, drafter, history, p_min):
+    def by_parity(plan, drafter, history, p_min, room=0):
         if history[-1] % 2 == 0:
             while plan.next_ask() is not None:
                 pass
             return keep(plan, drafter, core_mod.Proposal())
-        return real(plan, drafter, history, p_min)
+        return real(plan, drafter, history, p_min, room)
 
     monkeypatch.setattr(core_mod, "run_plan", by_parity)
     d0, p0 = spec.total.drafted, spec.total.auto_plain
@@ -134,23 +134,31 @@ def test_batch_auto_greedy_equals_plain(smollm):
     gen.close()
 
 
-def test_auto_with_a_tree_greedy_equals_plain_and_runs_the_tree_arm(smollm):
-    """A tree request under the controller: plain, the chain or the tree (2, 1, 1) per step; the
-    greedy text is plain decoding's (up to a near-tie: a tree's rejected branches move KV cells,
-    docs/trees.md), and the tree arm ran (its cold turns at least), counted under its own name."""
+@pytest.mark.parametrize("chain", [False, True], ids=["draft-simple", "ngram-simple,draft-simple"])
+def test_auto_with_a_tree_greedy_equals_plain_and_runs_the_tree_arm(smollm, chain):
+    """A tree request under the controller: plain, an n-gram draft, the model's chain or its tree
+    (2, 1, 1) per step; the greedy text is plain decoding's (up to a near-tie: a tree's rejected
+    branches move KV cells, docs/trees.md), and the tree arm ran (its cold turns at least), counted
+    under its own name; in a chain the n-gram member is still asked first and used."""
     from conftest import same_or_near_tie
 
+    from llama_spec.drafters.chain import ChainDrafter
+
     no_fa = {"flash_attn": "off"}
+    prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"
     kw = dict(sampling=SamplerParams(temp=0.0), n_predict=40, ignore_eos=True)
     plain = SpeculativeGenerator(smollm, None, n_ctx=256, context_options=no_fa)
-    want = plain.generate(PROMPT, **kw)
+    want = plain.generate(prompt, **kw)
     plain.close()
-    gen = SpeculativeGenerator(smollm, DraftModelDrafter(smollm, n_ctx=256), n_ctx=256, tree=(2, 1, 1), auto=True,
-                               context_options=no_fa)
-    r = gen.generate(PROMPT, **kw)
+    d = DraftModelDrafter(smollm, n_ctx=256)
+    drafter = ChainDrafter([build_ngram_drafter("ngram-simple", size_n=2, size_m=8), d]) if chain else d
+    gen = SpeculativeGenerator(smollm, drafter, n_ctx=256, tree=(2, 1, 1), auto=True, context_options=no_fa)
+    r = gen.generate(prompt, **kw)
     gen.close()
     assert r.verify == "tree" and len(r.tokens) == 40
     assert same_or_near_tie(smollm, want, r.text, 1.0, **no_fa), (r.text, want.text)
     by = r.stats.auto_by_drafter
     assert by.get("draft-simple tree 2,1,1", 0) > 0, by
     assert r.stats.auto_plain + sum(by.values()) == r.stats.auto_steps
+    if chain:
+        assert by.get("ngram-simple", 0) > 0, by

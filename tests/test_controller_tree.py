@@ -28,30 +28,23 @@ TREE_NAME = "d tree 2,1,1"
 def simulate(ctl, steps, *, cost, chain, tree, draft_s, k_cap=3, tree_cap=3, seed=0):
     """(tokens, seconds, choices) of `steps` steps; choices[i] = (arm name or None, k or depth)."""
     rng = np.random.default_rng(seed)
-    ctl.attach(0, ["d"], [True])
+    ctl.attach(0, ["d"], [True], tree_member=0)
     view = RequestView("greedy", tree=SHAPE)
     tokens, seconds, choices, hist = 0, 0.0, [], 100
     for _ in range(steps):
         plan = ctl.plan(0, k_cap, view, 1, hist, None, tree_cap)
-        t_draft = 0.0
-        if plan.tree_depth:
-            m, d = plan.next_ask()
-            t_draft = draft_s * (d + 1)
-            plan.drafted(m, d, t_draft)
-            k = plan.finish(d)
-            rows = 1 + tree_node_count(SHAPE[:k])
-            keep = tree
-        else:
-            held = 0
-            while (ask := plan.next_ask()) is not None:
-                m, cap = ask
-                dt = draft_s * (cap + 1)
-                t_draft += dt
-                plan.drafted(m, cap, dt)
-                held = cap
-            k = plan.finish(held)
-            rows = k + 1
-            keep = [chain] * k
+        t_draft, held, is_tree = 0.0, 0, False
+        while (ask := plan.next_ask()) is not None:   # as plan_driver.run_plan
+            m, cap = ask
+            dt = draft_s * (cap + 1)
+            t_draft += dt
+            plan.drafted(m, cap, dt)
+            held, is_tree = cap, plan.tree_ask(m)
+            if is_tree:
+                break
+        k = plan.finish(held)
+        rows = 1 + tree_node_count(SHAPE[:k]) if is_tree else k + 1
+        keep = tree if is_tree else [chain] * k
         t = cost(rows)
         ctl.decoded(rows, 1, t)
         kept = 0
@@ -129,10 +122,12 @@ def test_the_tree_is_never_deeper_than_the_request_has_room_for():
     assert depths and max(depths) == 1
 
 
-def test_a_request_without_a_tree_has_no_tree_arm():
+def test_a_tree_arm_only_for_a_tree_request_with_room_and_a_member_that_drafts_trees():
     ctl = SpecController()
-    ctl.attach(0, ["d"], [True])
-    plan = ctl.plan(0, 3, RequestView("greedy"), 1, 10, None, tree_cap=3)
-    assert controller.TREE not in plan.arms() and plan.tree_depth == 0
-    plan = ctl.plan(0, 3, RequestView("greedy", tree=SHAPE), 1, 10, None, tree_cap=0)   # no room
-    assert controller.TREE not in plan.arms() and plan.tree_depth == 0
+    ctl.attach(0, ["ngram-simple", "d"], [False, True], tree_member=1)
+    ctl.attach(1, ["d"], [True])   # (no member drafts trees: draft-mtp)
+    tree = controller.TREE - 1
+    assert tree in ctl.plan(0, 3, RequestView("greedy", tree=SHAPE), 1, 10, None, tree_cap=3).arms()
+    assert tree not in ctl.plan(0, 3, RequestView("greedy"), 1, 10, None, tree_cap=3).arms()
+    assert tree not in ctl.plan(0, 3, RequestView("greedy", tree=SHAPE), 1, 10, None, tree_cap=0).arms()   # no room
+    assert all(a > controller.TREE for a in ctl.plan(1, 3, RequestView("greedy", tree=SHAPE), 1, 10, None, 3).arms())

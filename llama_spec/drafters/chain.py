@@ -20,18 +20,24 @@ With ``gate=True`` each costly member (``Drafter.costly``: it runs a model) also
 :class:`~.chain_gate.MemberGate`: on its turn the chain asks it only while steps that ask it emit
 more tokens per second than steps that skip it (chain_gate.py says how, and why this is opt-in for
 seeded sampling).
+
+Trees (``--spec-draft-tree``): a chain drafts them with its first member that does
+(:class:`~.tree.TreeDrafting`: draft-simple), which then counts as the winner; without one, asking
+for a tree is a ValueError. Under the speculation controller the tree is one arm among the
+members' (generation/controller.py); without it every verification is that member's tree.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 
 from .base import Drafter, Proposal, TargetRows, pack_parts, unpack_parts
 from .chain_gate import MemberGate, StepClock
+from .tree import TreeDrafting, TreeProposal
 
 if TYPE_CHECKING:  # annotations only: the chain needs no compiled binding itself
     from ..llama.context import Context
@@ -171,7 +177,7 @@ class ChainDrafter(Drafter):
                 return prop
         return Proposal()
 
-    def _won(self, i: int, prop: Proposal, n_max: int) -> None:
+    def _won(self, i: int, prop: Proposal | TreeProposal, n_max: int) -> None:
         """Member i's non-empty proposal goes to verification: count it."""
         self.winner = i
         c = self.counters[i]
@@ -186,6 +192,27 @@ class ChainDrafter(Drafter):
         prop = self.drafters[i].draft(history, n_max, p_min)
         if len(prop) > 0:
             self._won(i, prop, n_max)
+        return prop
+
+    def tree_member(self) -> int | None:
+        """The index of the first member that drafts trees (None: no member does)."""
+        return next((i for i, d in enumerate(self.drafters) if isinstance(d, TreeDrafting)), None)
+
+    def enable_tree(self, shape: tuple[int, ...]) -> None:
+        i = self.tree_member()
+        if i is None:
+            raise ValueError(f"tree: no member of the chain {self.name!r} drafts trees (draft-simple does)")
+        cast(TreeDrafting, self.drafters[i]).enable_tree(shape)
+
+    def draft_tree(self, history: list[int], shape: tuple[int, ...], p_min: float) -> TreeProposal:
+        """The tree member's tree (requires: enable_tree succeeded); it is the winner if non-empty."""
+        i = self.tree_member()
+        assert i is not None
+        self.winner = None
+        self._step.start()
+        prop = cast(TreeDrafting, self.drafters[i]).draft_tree(history, shape, p_min)
+        if len(prop) > 0:
+            self._won(i, prop, len(prop))
         return prop
 
     def truncated(self, k: int) -> None:

@@ -1,9 +1,9 @@
 """The speculation controller's arms and per-slot state (controller.py defines the words).
 
-An **arm** is plain decoding, a costly member in one draft mode, or the slot's tree arm. Arms are
-ints: member m sampled is m (>= 0), ``PLAIN`` is -1, member m in argmax mode is -(m + 2), and
-``TREE`` is the slot's drafter (member 0) drafting the request's tree shape, with the depth as
-its length (a tree is verified whole: its depth is chosen before drafting, never cut after).
+An **arm** is plain decoding, a costly member in one draft mode, or the tree arm. Arms are ints:
+member m sampled is m (>= 0), ``PLAIN`` is -1, member m in argmax mode is -(m + 2), and member m
+drafting the request's tree shape is ``TREE - m`` (``tree_arm``), with the depth as its length (a
+tree is verified whole: its depth is chosen before drafting, never cut after).
 """
 
 from __future__ import annotations
@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .controller import Plan
 
-__all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "member_of", "shape_label"]
+__all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "is_tree", "member_of", "shape_label",
+           "tree_arm"]
 
 PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
-TREE = -1_000_000   # the tree arm (its member: 0, the tree-drafting drafter itself)
+TREE = -1_000_000   # member m's tree arm: TREE - m
 
 
 def arm_of(m: int, argmax: bool) -> int:
@@ -25,10 +26,19 @@ def arm_of(m: int, argmax: bool) -> int:
     return -(m + 2) if argmax else m
 
 
+def tree_arm(m: int) -> int:
+    """Member m's tree arm (m drafts the request's tree shape)."""
+    return TREE - m
+
+
+def is_tree(arm: int) -> bool:
+    return arm <= TREE
+
+
 def member_of(arm: int) -> int:
     """requires: arm != PLAIN."""
-    if arm == TREE:
-        return 0
+    if arm <= TREE:
+        return TREE - arm
     return arm if arm >= 0 else -arm - 2
 
 
@@ -60,6 +70,7 @@ class SlotState:
     names: list[str]
     costly: list[bool]
     modes: list[bool]                                         # member -> has the argmax draft mode
+    tree_member: int | None = None                            # the member that drafts trees, if any
     turns: dict[int, int] = field(default_factory=dict)       # arm -> steps it was asked (plain: ran)
     since: dict[int, int] = field(default_factory=dict)       # arm -> steps since it last ran
     len_since: dict[int, int] = field(default_factory=dict)   # member -> cuts since a longer one was tried

@@ -59,8 +59,9 @@ together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per step: 16.
 21.7 verifying it whole; session 12). The ramp reaches a long copy in a few steps, at a bounded
 price where drafts are lost one by one (the model's own assumption): 1-3 % in simulation.
 
-Trees: a request with a tree shape (``tree=``, ``--spec-draft-tree``) has one more arm, ``TREE``:
-the slot's drafter drafting that shape to depth d = 1 .. its depth (the tree cut to d levels),
+Trees: a request with a tree shape (``tree=``, ``--spec-draft-tree``) has one more arm (arms.py):
+the member that drafts trees (draft-simple, alone or in a chain) drafting that shape to depth
+d = 1 .. its depth (the tree cut to d levels; cheap members are still asked first),
 verified whole in 1 + nodes(d) target rows. Its survival and draft cost are its own (keyed
 "draft-simple tree 2,1,1": S_tree(j) is the chance that some path reaches depth j), so
 
@@ -90,15 +91,18 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from ..env import env_flag
 from ..kernels.tree_shape import tree_node_count
-from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, member_of, shape_label
+from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, is_tree, member_of, shape_label, tree_arm
 from .bands import RequestView, band_of, draft_modes_band, shadow_exact
 from .cost_model import CostModelSource, load_cost_model
+
+if TYPE_CHECKING:
+    from ..drafters.tree import TreeProposal
 
 __all__ = ["ENV_AUTO", "PLAIN", "TREE", "Choice", "CostModelSource", "Plan", "RequestView", "SpecController", "arm_of",
            "band_of", "draft_modes_band", "make_controller", "member_of"]
@@ -138,10 +142,10 @@ class Plan:
         if self.argmax_band is not None:
             costly += [arm_of(i, True) for i in costly if st.modes[i]]
         # the tree arm: the request's shape cut to tree_cap levels (rows: target rows per depth - 1)
-        self.tree_shape = req.tree if req.tree and st.costly[0] else None
+        self.tree_shape = req.tree if req.tree and st.tree_member is not None else None
         self.tree = self.tree_shape[:max(tree_cap, 0)] if self.tree_shape else ()
         self._tree_rows = np.array([tree_node_count(self.tree[:j]) for j in range(len(self.tree) + 1)])
-        self._arms = costly + ([TREE] if self.tree else []) + [PLAIN]
+        self._arms = costly + ([tree_arm(st.tree_member)] if self.tree and st.tree_member is not None else []) + [PLAIN]
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
         # T without drafting, per n_rows 1 .. : as far as a decision needs (``vs``)
@@ -154,6 +158,7 @@ class Plan:
         self.predicted_full: float | None = None    # S(k) of the cut verified, as predicted
         self.dropped: int | None = None             # the first draft cut off (plan_driver.keep)
         self.dropped_arm = PLAIN                    # ... the arm of the proposal it was cut from
+        self.tree_drafted: TreeProposal | None = None   # the tree arm's draft (plan_driver.run_plan)
         self._asks: list[tuple[int, int]] = []
         self._arm: tuple[int, int, float] = (PLAIN, 0, 0.0)   # pre-draft: arm, cap, its predicted rate
         self.asked_costly = False
@@ -167,7 +172,7 @@ class Plan:
             return
         self._arm = self._choose_arm()
         self._asks = [(i, k_cap) for i, c in enumerate(st.costly) if not c]
-        if self._arm[0] == TREE or (self._arm[0] != PLAIN and not self._asks):
+        if self._arm[0] != PLAIN and not self._asks:
             self._asks = [(member_of(self._arm[0]), self._arm[1])]
 
     # -- before drafting ------------------------------------------------------------------------
@@ -182,12 +187,11 @@ class Plan:
         """What an arm's survival and draft cost are measured under: its member's name (a tree:
         with the request's whole shape; a depth d prefix keeps S(1 .. d) and the draft line)."""
         name = self.st.names[member_of(arm)]
-        return f"{name} tree {shape_label(self.tree_shape)}" if arm == TREE and self.tree_shape else name
+        return f"{name} tree {shape_label(self.tree_shape)}" if is_tree(arm) and self.tree_shape else name
 
-    @property
-    def tree_depth(self) -> int:
-        """The depth of the tree to draft this step (0: no tree; then ``next_ask`` as usual)."""
-        return self._arm[1] if self._arm[0] == TREE and not self._forced else 0
+    def tree_ask(self, m: int) -> bool:
+        """The ask (m, cap) is the tree arm's: draft the request's tree cut to depth cap, verified whole."""
+        return not self._forced and is_tree(self._arm[0]) and member_of(self._arm[0]) == m
 
     def arm_drafting(self, m: int) -> int:
         """The arm member m drafts for now: the chosen arm if it is m's, else m (sampled)."""
@@ -208,7 +212,7 @@ class Plan:
         if cold or np.isnan(self.v).any():
             a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
             self.explored = True
-            return a, (len(self.tree) if a == TREE else self.k_cap if a != PLAIN else 0), 0.0
+            return a, (len(self.tree) if is_tree(a) else self.k_cap if a != PLAIN else 0), 0.0
         best = self._best(arms)
         top = max(best, key=lambda a: best[a][1])
         if top != PLAIN and best[top][1] < (1.0 + PLAIN_MARGIN) * best[PLAIN][1]:
@@ -243,7 +247,7 @@ class Plan:
         best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
         for a in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
             m = member_of(a)
-            n = len(self.tree) if a == TREE else min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1)
+            n = len(self.tree) if is_tree(a) else min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1)
             o = self.options(a, n, None, pooled=True)
             if o is not None:
                 e, t = o
@@ -300,7 +304,7 @@ class Plan:
             d[0] = 0.0   # k = 0: nothing drafted
         else:
             d = np.full(n + 1, sunk)
-        v = self.vs(int(self._tree_rows[n]))[self._tree_rows[: n + 1]] if arm == TREE else self.vs(n)
+        v = self.vs(int(self._tree_rows[n]))[self._tree_rows[: n + 1]] if is_tree(arm) else self.vs(n)
         return e, np.maximum(v + d, 1e-9)
 
     def vs(self, n: int) -> np.ndarray:
@@ -330,7 +334,7 @@ class Plan:
         st.last_drafted[m] = self.hist_len
         mine = self.arm_drafting(m)   # (a tree: n is its depth)
         self.ctl.cost.record_draft(self.arm_name(mine), n, max(gap, 1), seconds)
-        if mine != TREE:
+        if not is_tree(mine):
             st.longest[m] = max(st.longest.get(m, 0), n)
         self.spent += seconds
         if st.costly[m]:
@@ -358,7 +362,7 @@ class Plan:
         self.dropped_arm = self.held_arm if self.member is not None else PLAIN
         if self.member is None or n <= 0:
             self.member, self.k = None, 0
-        elif self._forced or self.held_arm == TREE:
+        elif self._forced or is_tree(self.held_arm):
             self.k = n   # (a tree is verified whole: its depth was chosen before drafting)
         elif np.isnan(self.v).any():
             self.k, self.explored = n, True     # nothing timed yet: the full draft
@@ -451,12 +455,12 @@ class SpecController:
         self.explored = 0
 
     def attach(self, slot: int, names: Sequence[str], costly: Sequence[bool],
-               modes: Sequence[bool] | None = None) -> None:
+               modes: Sequence[bool] | None = None, tree_member: int | None = None) -> None:
         """Slot `slot`'s drafter has these members (in its chain order); modes[m]: m is costly and
-        has the argmax draft mode (``Drafter.draft_modes``)."""
+        has the argmax draft mode (``Drafter.draft_modes``); tree_member: the member drafting trees."""
         c = [bool(x) for x in costly]
         md = [bool(x) and y for x, y in zip(modes, c, strict=True)] if modes is not None else [False] * len(c)
-        self.slots[slot] = SlotState(list(names), c, md)
+        self.slots[slot] = SlotState(list(names), c, md, tree_member)
 
     def survival(self, name: str, band: str, full: bool | None, n: int) -> np.ndarray:
         """S(1) .. S(n) of a member's drafts in a band after a full verification or not (None: both)."""

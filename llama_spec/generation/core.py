@@ -47,7 +47,7 @@ from ..rules.tree import TreeRule
 from .bands import RequestView, band_of, draft_modes_band
 from .controller import SpecController
 from .draft_length import DraftLengthController
-from .plan_driver import keep, run_plan, run_tree_plan, set_mode
+from .plan_driver import keep, run_plan, set_mode
 from .prefix import PrefixReuse, SlotCells
 from .prompt_cache import PromptCache, common_prefix
 from .request import Emitter, GenerationResult, Request, RequestHost, TokenEvent, check_n_max
@@ -159,8 +159,9 @@ class StepCore:
             for i, d in enumerate(drafters):
                 if d is not None:
                     d.sit_out_observes()
-                    self.auto.attach(i, d.member_names(), [m.costly for m in d.members()],
-                                     [m.draft_modes for m in d.members()])
+                    ms = d.members()
+                    self.auto.attach(i, d.member_names(), [m.costly for m in ms], [m.draft_modes for m in ms],
+                                     next((j for j, m in enumerate(ms) if isinstance(m, TreeDrafting)), None))
         self.draft_length = DraftLengthController() if adaptive_draft and self.auto is None else None
         self.total = SpecStats()
         self._free = list(range(n_slots))
@@ -534,11 +535,10 @@ class StepCore:
                                  req.switch, req.tree)
         plan = auto.plan(s.slot.index, k_cap, s.view, len(self._seqs), len(history),
                          lambda m: members[m].sync_need(history), tree_cap)
-        if plan.tree_depth:   # the tree arm (None: nothing drafted, a plain step)
-            s.tree = run_tree_plan(plan, cast(TreeDrafting, drafter), history, room, req.p_min)
-            return Proposal()
-        if s.slot.group is None:
-            return run_plan(plan, drafter, s.em.history, req.p_min)
+        if s.slot.group is None:   # (trees never have a group: a draft context per slot)
+            prop = run_plan(plan, drafter, history, req.p_min, room)
+            s.tree = plan.tree_drafted
+            return prop
         ask = plan.next_ask()   # a group member drafts with its group, up to the chosen cap
         if ask is None:
             plan.finish(0)

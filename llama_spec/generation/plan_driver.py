@@ -7,15 +7,17 @@ import time
 from typing import cast
 
 from ..drafters.base import Drafter, Proposal
-from ..drafters.tree import TreeDrafting, TreeProposal
+from ..drafters.tree import TreeDrafting
 from .controller import Plan
 from .tree import propose_tree
 
-__all__ = ["keep", "run_plan", "run_tree_plan", "set_mode"]
+__all__ = ["keep", "run_plan", "set_mode"]
 
 
-def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> Proposal:
-    """Draft as `plan` asks (each member timed), then keep the prefix ``plan.finish`` chooses."""
+def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float, room: int = 0) -> Proposal:
+    """Draft as `plan` asks (each member timed), then keep the prefix ``plan.finish`` chooses; the
+    tree arm's ask drafts the request's tree (at most `room` KV cells) into ``plan.tree_drafted``,
+    verified whole (the proposal returned is then empty)."""
     prop = Proposal()
     while (ask := plan.next_ask()) is not None:
         if len(prop):   # the plan drops the draft in hand for a model member's
@@ -23,6 +25,8 @@ def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float) -> 
             prop = Proposal()
         m, cap = ask
         set_mode(plan, drafter.members()[m], m)
+        if plan.tree_ask(m):
+            return _draft_tree(plan, cast(TreeDrafting, drafter), m, cap, history, room, p_min)
         t0 = time.perf_counter()
         got = drafter.draft_member(m, history, cap, p_min)
         plan.drafted(m, len(got), time.perf_counter() - t0)
@@ -48,13 +52,11 @@ def keep(plan: Plan, drafter: Drafter, prop: Proposal) -> Proposal:
     return prop
 
 
-def run_tree_plan(plan: Plan, drafter: TreeDrafting, history: list[int], room: int,
-                  p_min: float) -> TreeProposal | None:
-    """The plan's tree (requires: ``plan.tree_depth`` > 0): the request's shape to that depth,
-    timed and verified whole; None when nothing was drafted (p_min), a plain step."""
-    m, depth = cast(tuple[int, int], plan.next_ask())
-    set_mode(plan, cast(Drafter, drafter), m)
+def _draft_tree(plan: Plan, drafter: TreeDrafting, m: int, depth: int, history: list[int], room: int,
+                p_min: float) -> Proposal:
+    """Member m's tree (the plan's tree_ask), timed, into ``plan.tree_drafted`` (None: nothing drafted)."""
     t0 = time.perf_counter()
     tree = propose_tree(drafter, history, plan.tree, depth, room, p_min)
     plan.drafted(m, tree.depth, time.perf_counter() - t0)
-    return tree if plan.finish(tree.depth) else None
+    plan.tree_drafted = tree if plan.finish(tree.depth) else None
+    return Proposal()
