@@ -37,6 +37,14 @@ def test_tune_prints_the_table_and_saves_a_model_generate_starts_from(smollm_pat
     assert "llama-spec: auto chose plain" in err and "auto: chosen" in err
 
 
+def test_tune_measures_the_trees_of_spec_draft_tree_at_every_depth(smollm_path, capsys):
+    code, out, err = _main(capsys, [*_TUNE, "--temps", "0", "--spec-draft-tree", "2,1"])
+    assert code == 0, err
+    rows = [line.split() for line in out.splitlines() if line.strip().startswith("draft-simple tree 2,1 ")]
+    assert [r[3] for r in rows] == ["1", "2"], out   # depth 1 and 2, each measured: tokens/s a number
+    assert all(float(r[4]) >= 1.0 and float(r[-1]) > 0 for r in rows), out
+
+
 def test_tune_needs_a_drafter_and_the_plot_extra(capsys, monkeypatch):
     code, out, err = _main(capsys, ["tune", "-m", "smollm2-135m"])
     assert code == 2 and "tune needs a drafter" in err and out == ""

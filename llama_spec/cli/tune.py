@@ -59,6 +59,7 @@ def _temps(value: str) -> list[float]:
 
 def run(ns: argparse.Namespace) -> int:
     """Sweep the options over the sample prompts; print the table; save / plot as asked."""
+    from ..generation.arms import tree_arm, tree_name
     from ..generation.bands import band_of
     from ..generation.solo import SpeculativeGenerator
     from ..llama.sampling import SamplerParams
@@ -82,16 +83,21 @@ def run(ns: argparse.Namespace) -> int:
     sweep: list[tuple[int | None, int]] = [(None, 0)] + [(m, k) for m in range(len(members)) for k in ks]
     gen = SpeculativeGenerator(target, drafter, n_ctx=ns.ctx_size, n_batch=ns.batch_size, n_threads=ns.threads,
                                n_max=n_max, context_options=context_options(ns), auto=True,
-                               cost_model=ns.spec_cost_model)
+                               cost_model=ns.spec_cost_model, tree=ns.spec_draft_tree)
     ctl = gen.controller
     assert ctl is not None
+    tree, tree_member = gen.tree, ctl.slots[0].tree_member
+    if tree and tree_member is not None:   # --spec-draft-tree: its trees at every depth too
+        sweep += [(tree_arm(tree_member), d) for d in range(1, len(tree) + 1)]
+        members = [*members, tree_name(members[tree_member], tree)]
     ctl.sweep = sweep
     bands = [band_of(t <= 0, t, "token") for t in temps]
     try:
         _measure(gen, temps, ns.n_predict, SamplerParams)
     finally:
         gen.close()
-    tables = {band: [r for r in ctl.table(0, max(ks), band) if r["k"] in (0, *ks)] for band in bands}
+    tables = {band: [r for r in ctl.table(0, max(ks), band, tree=tree) if r["k"] in (0, *ks) or "tree" in r["option"]]
+              for band in bands}
     ctl.sweep = []
     _print(tables, members)
     if ns.save:
@@ -115,15 +121,17 @@ def _measure(gen: Any, temps: list[float], n_predict: int, params: Any) -> None:
 
 def _print(tables: dict[str, list[dict[str, Any]]], members: list[str]) -> None:
     for band, rows in tables.items():
-        print(f"\n{band}:  option      k   tokens/verification   ms/step   tokens/s (predicted)")
+        width = max(16, *(len(r["option"]) for r in rows))
+        print(f"\n{band}:  {'option':<{width - 2}} k   tokens/verification   ms/step   tokens/s (predicted)")
         for r in rows:
-            print(f"  {r['option']:<16} {r['k']:>3}   {r['tokens']:>8.2f}   {1e3 * r['seconds']:>12.2f}   "
+            print(f"  {r['option']:<{width}} {r['k']:>3}   {r['tokens']:>8.2f}   {1e3 * r['seconds']:>12.2f}   "
                   f"{r['tok_per_s']:>10.1f}")
         ok = [r for r in rows if not math.isnan(r["tok_per_s"])]
         if ok:
             best = max(ok, key=lambda r: r["tok_per_s"])
             plain = rows[0]["tok_per_s"]
-            what = "plain decoding" if best["k"] == 0 else f"{best['option']} with k = {best['k']}"
+            k = f"depth {best['k']}" if "tree" in best["option"] else f"k = {best['k']}"
+            what = "plain decoding" if best["k"] == 0 else f"{best['option']} with {k}"
             print(f"  the controller would pick: {what} ({best['tok_per_s']:.1f} t/s, "
                   f"{best['tok_per_s'] / plain:.2f}x plain)")
 
@@ -151,7 +159,7 @@ def _plot(tables: dict[str, list[dict[str, Any]]], members: list[str], path: str
             pts = [(r["k"], r["tok_per_s"]) for r in rows if r["option"] == name]
             ax.plot([k for k, _ in pts], [v for _, v in pts], marker="o", label=name)
         ax.set_title(band)
-        ax.set_xlabel("draft length k")
+        ax.set_xlabel("draft length k (a tree: its depth)")
         ax.set_ylabel("tokens/s (predicted from measured costs)")
         ax.legend()
     fig.tight_layout()

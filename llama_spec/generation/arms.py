@@ -14,8 +14,8 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from .controller import Plan
 
-__all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "is_tree", "member_of", "shape_label",
-           "tree_arm"]
+__all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "is_tree", "member_of", "tree_arm",
+           "tree_name"]
 
 PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
 TREE = -1_000_000   # member m's tree arm: TREE - m
@@ -47,9 +47,9 @@ def is_argmax(arm: int) -> bool:
     return TREE < arm < PLAIN
 
 
-def shape_label(shape: tuple[int, ...]) -> str:
-    """A tree shape as the CLI writes it ("2,1,1")."""
-    return ",".join(str(w) for w in shape)
+def tree_name(member: str, shape: tuple[int, ...]) -> str:
+    """The name a member's trees of `shape` are measured and reported under ("draft-simple tree 2,1,1")."""
+    return f"{member} tree {','.join(str(w) for w in shape)}"
 
 
 @dataclass

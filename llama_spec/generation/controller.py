@@ -97,7 +97,7 @@ import numpy as np
 
 from ..env import env_flag
 from ..kernels.tree_shape import tree_node_count
-from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, is_tree, member_of, shape_label, tree_arm
+from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, is_tree, member_of, tree_arm, tree_name
 from .bands import RequestView, band_of, draft_modes_band, shadow_exact
 from .cost_model import CostModelSource, load_cost_model
 
@@ -167,7 +167,10 @@ class Plan:
         self._forced = forced is not None
         if forced is not None:
             st.sweep_i += 1
-            if forced[0] is not None and forced[0] < len(st.names) and forced[1] > 0:
+            if forced[0] is not None and is_tree(forced[0]) and forced[0] in self._arms and forced[1] > 0:
+                self._arm = (forced[0], min(forced[1], len(self.tree)), 0.0)   # a tree of that depth
+                self._asks = [(member_of(forced[0]), self._arm[1])]
+            elif forced[0] is not None and 0 <= forced[0] < len(st.names) and forced[1] > 0:
                 self._asks = [(forced[0], min(forced[1], k_cap))]
             return
         self._arm = self._choose_arm()
@@ -187,11 +190,11 @@ class Plan:
         """What an arm's survival and draft cost are measured under: its member's name (a tree:
         with the request's whole shape; a depth d prefix keeps S(1 .. d) and the draft line)."""
         name = self.st.names[member_of(arm)]
-        return f"{name} tree {shape_label(self.tree_shape)}" if is_tree(arm) and self.tree_shape else name
+        return tree_name(name, self.tree_shape) if is_tree(arm) and self.tree_shape else name
 
     def tree_ask(self, m: int) -> bool:
         """The ask (m, cap) is the tree arm's: draft the request's tree cut to depth cap, verified whole."""
-        return not self._forced and is_tree(self._arm[0]) and member_of(self._arm[0]) == m
+        return is_tree(self._arm[0]) and member_of(self._arm[0]) == m
 
     def arm_drafting(self, m: int) -> int:
         """The arm member m drafts for now: the chosen arm if it is m's, else m (sampled)."""
@@ -541,8 +544,10 @@ class SpecController:
         self.cost.record_decode(n_rows, n_seqs, seconds)
 
     # -- reports ----------------------------------------------------------------------------------
-    def table(self, slot: int, k_max: int, band: str, n_seqs: int = 1) -> list[dict[str, Any]]:
-        """Every option's prediction for `slot` (member, k, expected tokens, seconds, tokens/s)."""
+    def table(self, slot: int, k_max: int, band: str, n_seqs: int = 1,
+              tree: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
+        """Every option's prediction for `slot` (member, k, expected tokens, seconds, tokens/s); with
+        `tree`, its tree member's trees of that shape at every depth k (verified in 1 + nodes rows)."""
         st = self.slots[slot]
         v = self.step_cost(k_max, n_seqs)
         rows: list[dict[str, Any]] = [{"option": "plain", "k": 0, "tokens": 1.0, "seconds": float(v[0]),
@@ -554,6 +559,14 @@ class SpecController:
             for k in range(1, k_max + 1):
                 rows.append({"option": name, "k": k, "tokens": float(e[k - 1]), "seconds": float(t[k - 1]),
                              "tok_per_s": float(e[k - 1] / t[k - 1])})
+        if tree and st.tree_member is not None:
+            name = tree_name(st.names[st.tree_member], tree)
+            nodes = np.array([tree_node_count(tree[:j]) for j in range(1, len(tree) + 1)])
+            e = 1.0 + np.cumsum(self.accept.survival_of([(name, band, False), (name, band, True)], len(tree)))
+            d = self.cost.draft_cost(name, np.arange(1, len(tree) + 1))
+            t = self.step_cost(int(nodes[-1]), n_seqs)[nodes] + (d if d is not None else np.nan)
+            rows += [{"option": name, "k": k, "tokens": float(e[k - 1]), "seconds": float(t[k - 1]),
+                      "tok_per_s": float(e[k - 1] / t[k - 1])} for k in range(1, len(tree) + 1)]
         return rows
 
     def summary(self) -> dict[str, Any]:
