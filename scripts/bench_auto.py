@@ -12,6 +12,8 @@ A B .. Z Z .. B A (repeated):
 * the fixed configurations of the sweep (auto off): draft-simple n-max 1..5, ngram-simple,
   ngram-map-k, ngram-mod, the chains ngram-simple,draft-simple and ngram-mod,draft-simple, trees
   (2,1,1) and (2,2,1) of draft-simple;
+* ``--auto-tree 2,1,1``: the auto arm's chain with that tree shape (its draft-simple member's trees
+  are one more option of the controller), reported against plain, the oracle and auto;
 * ``--auto-ab explore_budget=0.02``: the auto arm again with one controller setting changed (an A/B
   of a default, its own controller and cost model);
 * native: ``llama-speculative-simple -m T -md D --spec-type draft-simple`` at its defaults (built like scripts/bench_native.py;
@@ -92,6 +94,8 @@ class Arms:
             return SpeculativeGenerator(self.target, d, n_max=n_max, **kw, **more)
 
         self.gens = {"plain": gen(None, 1, auto=False), "auto": gen(chain(a.auto_spec, a.n_max), 64, auto=True)}
+        if a.auto_tree:   # the same chain, its draft-simple member's trees one more option
+            self.gens["auto tree"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True, tree=a.auto_tree)
         for variant in a.auto_ab:   # the controller with one setting changed: "auto explore_budget=0.02"
             name, value = variant.split("=")
             g = self.gens[f"auto {variant}"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True)
@@ -181,7 +185,14 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
         rec["auto_native"] = tps["auto"] / tps["native"]
     for variant in a.auto_ab:   # auto / the variant (> 1: the default is faster)
         rec[f"auto_ab {variant}"] = tps["auto"] / tps[f"auto {variant}"]
+    if "auto tree" in tps:
+        rec["auto_tree_plain"] = tps["auto tree"] / tps["plain"]
+        rec["auto_tree_oracle"] = tps["auto tree"] / max(tps[oracle], tps["plain"])
+        rec["auto_tree_auto"] = tps["auto tree"] / tps["auto"]
     nat = f", /native {rec['auto_native']:.2f}" if "native" in rec else ""
+    if "auto tree" in tps:
+        nat += (f"; auto tree {tps['auto tree']:6.1f}: /plain {rec['auto_tree_plain']:.2f}, "
+                f"/oracle {rec['auto_tree_oracle']:.2f}, /auto {rec['auto_tree_auto']:.2f}")
     nat += "".join(f", /({v}) {rec[f'auto_ab {v}']:.2f}" for v in a.auto_ab)
     print(f"T={temp:<4} {cls:5}: plain {tps['plain']:6.1f}  auto {tps['auto']:6.1f}  oracle {oracle} "
           f"{tps[oracle]:6.1f} (cross-fit {'/'.join(chosen)} {best_cv:6.1f})   auto/plain {rec['auto_plain']:.2f} "
@@ -209,6 +220,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--keep-pools", action="store_true",
                     help="keep ngram-mod's pool from run to run (default: reset before each run; each prompt "
                     "runs twice per arm, and a kept pool would hold the first run's output in the second)")
+    ap.add_argument("--auto-tree", default=None, metavar="W1,W2,..",
+                    help="also run the auto arm with this tree shape (e.g. 2,1,1): trees as a controller option")
     ap.add_argument("--auto-ab", default="", metavar="ATTR=VALUE[;..]",
                     help="extra auto arms, each with one controller setting changed (e.g. explore_budget=0.02)")
     ap.add_argument("--reps", type=int, default=2, help="runs of every arm per prompt (even: A..Z Z..A repeated)")
@@ -224,6 +237,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.fixed = [x for x in a.fixed.split(";") if x] if a.fixed is not None else sweep
     a.temp_list = [float(x) for x in a.temps.split(",")]
     a.auto_ab = [x for x in a.auto_ab.split(";") if x]
+    a.auto_tree = tuple(int(x) for x in a.auto_tree.split(",")) if a.auto_tree else None
     if a.reps < 2 or a.reps % 2:
         ap.error("--reps: an even number >= 2")
     return a
@@ -257,16 +271,22 @@ def main(argv: list[str] | None = None) -> int:
                 recs.append(run_prompt(arms, tool, a, cls, text, temp, a.seed + i))
         ctl = arms.gens["auto"].controller
         summary = ctl.describe() if ctl is not None else ""
+        tree_ctl = arms.gens["auto tree"].controller if "auto tree" in arms.gens else None
+        if tree_ctl is not None:
+            summary += f"\n  auto tree: {tree_ctl.describe()}"
     finally:
         arms.close()
     out = {"machine": info, "args": {k: v for k, v in vars(a).items() if k != "temp_list"}, "prompts": recs}
     print("\nmedian / min over prompts:")
-    for key in ("auto_plain", "auto_oracle", "auto_oracle_cv", "auto_native", *(f"auto_ab {v}" for v in a.auto_ab)):
+    for key in ("auto_plain", "auto_oracle", "auto_oracle_cv", "auto_native", *(f"auto_ab {v}" for v in a.auto_ab),
+                "auto_tree_plain", "auto_tree_oracle", "auto_tree_auto"):
         vals = [r[key] for r in recs if key in r]
         if vals:
             g, lo, hi = geo_mean_ci(vals)
             out[key] = {"median": statistics.median(vals), "min": min(vals), "geomean": g, "ci95": [lo, hi]}
-            label = ({"auto_oracle_cv": "auto / cross-fit best"}.get(key, key.replace("_", " / "))
+            label = ({"auto_oracle_cv": "auto / cross-fit best", "auto_tree_plain": "auto tree / plain",
+                      "auto_tree_oracle": "auto tree / oracle", "auto_tree_auto": "auto tree / auto"}
+                     .get(key, key.replace("_", " / "))
                      if not key.startswith("auto_ab ") else f"auto / auto {key[8:]}")
             print(f"  {label}: median {statistics.median(vals):.3f}, min {min(vals):.3f}, "
                   f"geometric mean {g:.3f} (95 % interval {lo:.3f} .. {hi:.3f})")

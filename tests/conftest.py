@@ -146,3 +146,16 @@ def same_or_near_tie(model, ref, text: str, tol: float, **context_options) -> bo
     b = int(next(t for t in np.argsort(logits)[::-1] if t != a))
     rest = text[len(model.detokenize(ref.tokens[:j])):]
     return bool(abs(logits[a] - logits[b]) < tol) and rest.startswith(model.detokenize([b]))
+
+
+@pytest.fixture
+def gpu_like_costs(monkeypatch):
+    """The speculation controller's prices as on a GPU (extra rows and drafts nearly free): it
+    drafts on most steps and chooses the tree or the chain by their measured acceptance, exploring
+    the others (on a CPU, with the draft model as large as the target, it decodes plainly: 4 tree
+    steps of 731 in tests/test_engine_distribution.py). Decoding and the rules are untouched."""
+    from llama_spec.generation.controller import SpecController
+    from llama_spec.generation.cost_model import CostModel
+
+    monkeypatch.setattr(SpecController, "step_cost", lambda self, k_cap, n_seqs: 0.01 + 1e-4 * np.arange(k_cap + 1))
+    monkeypatch.setattr(CostModel, "draft_cost", lambda self, name, k, gap=1: 1e-4 * (np.asarray(k, float) + 1.0))

@@ -135,18 +135,18 @@ def test_batch_auto_greedy_equals_plain(smollm):
 
 
 @pytest.mark.parametrize("chain", [False, True], ids=["draft-simple", "ngram-simple,draft-simple"])
-def test_auto_with_a_tree_greedy_equals_plain_and_runs_the_tree_arm(smollm, chain):
+def test_auto_with_a_tree_greedy_equals_plain_and_runs_the_tree_arm(smollm, gpu_like_costs, chain):
     """A tree request under the controller: plain, an n-gram draft, the model's chain or its tree
     (2, 1, 1) per step; the greedy text is plain decoding's (up to a near-tie: a tree's rejected
-    branches move KV cells, docs/trees.md), and the tree arm ran (its cold turns at least), counted
-    under its own name; in a chain the n-gram member is still asked first and used."""
+    branches move KV cells, docs/trees.md), and the tree arm ran (priced as on a GPU, where its
+    extra rows are nearly free), counted under its own name; in a chain, drafted by its member."""
     from conftest import same_or_near_tie
 
     from llama_spec.drafters.chain import ChainDrafter
 
     no_fa = {"flash_attn": "off"}
     prompt = "1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 1, 2, 3,"
-    kw = dict(sampling=SamplerParams(temp=0.0), n_predict=40, ignore_eos=True)
+    kw = dict(sampling=SamplerParams(temp=0.0), n_predict=96, ignore_eos=True)   # (>= 16 steps: a try)
     plain = SpeculativeGenerator(smollm, None, n_ctx=256, context_options=no_fa)
     want = plain.generate(prompt, **kw)
     plain.close()
@@ -155,10 +155,8 @@ def test_auto_with_a_tree_greedy_equals_plain_and_runs_the_tree_arm(smollm, chai
     gen = SpeculativeGenerator(smollm, drafter, n_ctx=256, tree=(2, 1, 1), auto=True, context_options=no_fa)
     r = gen.generate(prompt, **kw)
     gen.close()
-    assert r.verify == "tree" and len(r.tokens) == 40
+    assert r.verify == "tree" and len(r.tokens) == 96
     assert same_or_near_tie(smollm, want, r.text, 1.0, **no_fa), (r.text, want.text)
     by = r.stats.auto_by_drafter
     assert by.get("draft-simple tree 2,1,1", 0) > 0, by
     assert r.stats.auto_plain + sum(by.values()) == r.stats.auto_steps
-    if chain:
-        assert by.get("ngram-simple", 0) > 0, by

@@ -120,7 +120,8 @@ def add_spec_type_args(ap: argparse.ArgumentParser) -> None:
                     "measured verification cost and each drafter's kept-draft rates (speed only; not with trees)")
     ap.add_argument("--spec-draft-tree", default=None, metavar="W1,W2,..",
                     help="tree drafts (draft-simple): candidates per depth, e.g. 3,1,1 = three at depth 1, a chain "
-                    "after each; verified exactly in one target batch (docs/trees.md); serve: the default shape "
+                    "after each; verified exactly in one target batch (docs/trees.md); under --spec-auto one option "
+                    "per step beside plain decoding and the chain; serve: the default shape "
                     "and the largest a request's \"tree\" may ask for")
 
 

@@ -91,7 +91,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -99,6 +99,7 @@ from ..env import env_flag
 from ..kernels.tree_shape import tree_node_count
 from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, is_tree, member_of, tree_arm, tree_name
 from .bands import RequestView, band_of, draft_modes_band, shadow_exact
+from .controller_reports import ControllerReports
 from .cost_model import CostModelSource, load_cost_model
 
 if TYPE_CHECKING:
@@ -211,7 +212,8 @@ class Plan:
         arms = self.arms()
         if len(arms) == 1:
             return PLAIN, 0, 0.0
-        cold = [a for a in arms if st.turns.get(a, 0) < ctl.min_turns and not self._measured(a)]
+        # (a tree has no cold turns: its chain's are its prior, ``options``)
+        cold = [a for a in arms if not is_tree(a) and st.turns.get(a, 0) < ctl.min_turns and not self._measured(a)]
         if cold or np.isnan(self.v).any():
             a = min(cold or arms, key=lambda x: st.turns.get(x, 0))
             self.explored = True
@@ -296,12 +298,18 @@ class Plan:
         already paid (None: predict its cost). None when its draft cost was never measured.
         pooled: its survival whatever the last verification kept (an arm's choice: keyed by that
         too, an arm tried rarely after full verifications kept a bad early estimate there, and the
-        other mode was chosen every second step)."""
-        ctl, name = self.ctl, self.arm_name(arm)
-        surv = ctl.survival(name, self.band_for(arm), None if pooled else self.full, n)
+        other mode was chosen every second step). A tree not yet measured is predicted from its
+        first-child chain (the member's own draft): that chain's survival, a lower bound, and its
+        cost of drafting as many tokens as the tree has nodes (so it has no cold turns of its own)."""
+        ctl, name, band = self.ctl, self.arm_name(arm), self.band_for(arm)
+        chain = self.st.names[member_of(arm)]
+        fresh = is_tree(arm) and ctl.accept.count([(name, band, False), (name, band, True)]) < 1.0
+        surv = ctl.survival(chain if fresh else name, band, None if pooled else self.full, n)
         e = np.concatenate([[1.0], 1.0 + np.cumsum(surv)])
         if sunk is None:
             d = ctl.cost.draft_cost(name, np.arange(0, n + 1))
+            if d is None and is_tree(arm):
+                d = ctl.cost.draft_cost(chain, self._tree_rows[: n + 1])
             if d is None:
                 return None
             d[0] = 0.0   # k = 0: nothing drafted
@@ -431,7 +439,7 @@ class Plan:
         return self.arm_name(self.held_arm) + (" argmax" if is_argmax(self.held_arm) else "")
 
 
-class SpecController:
+class SpecController(ControllerReports):
     """The cost model, the drafts' survival and every slot's exploration (module docstring).
 
     cost_model: a saved model (``to_dict()`` of a CostModel, or a path to its JSON) to start from.
@@ -543,65 +551,8 @@ class SpecController:
     def decoded(self, n_rows: int, n_seqs: int, seconds: float) -> None:
         self.cost.record_decode(n_rows, n_seqs, seconds)
 
-    # -- reports ----------------------------------------------------------------------------------
-    def table(self, slot: int, k_max: int, band: str, n_seqs: int = 1,
-              tree: tuple[int, ...] | None = None) -> list[dict[str, Any]]:
-        """Every option's prediction for `slot` (member, k, expected tokens, seconds, tokens/s); with
-        `tree`, its tree member's trees of that shape at every depth k (verified in 1 + nodes rows)."""
-        st = self.slots[slot]
-        v = self.step_cost(k_max, n_seqs)
-        rows: list[dict[str, Any]] = [{"option": "plain", "k": 0, "tokens": 1.0, "seconds": float(v[0]),
-                                       "tok_per_s": float(1.0 / v[0]) if v[0] > 0 else float("nan")}]
-        for name in st.names:
-            e = 1.0 + np.cumsum(self.accept.survival_of([(name, band, False), (name, band, True)], k_max))
-            d = self.cost.draft_cost(name, np.arange(1, k_max + 1))
-            t = v[1:] + (d if d is not None else np.nan)
-            for k in range(1, k_max + 1):
-                rows.append({"option": name, "k": k, "tokens": float(e[k - 1]), "seconds": float(t[k - 1]),
-                             "tok_per_s": float(e[k - 1] / t[k - 1])})
-        if tree and st.tree_member is not None:
-            name = tree_name(st.names[st.tree_member], tree)
-            nodes = np.array([tree_node_count(tree[:j]) for j in range(1, len(tree) + 1)])
-            e = 1.0 + np.cumsum(self.accept.survival_of([(name, band, False), (name, band, True)], len(tree)))
-            d = self.cost.draft_cost(name, np.arange(1, len(tree) + 1))
-            t = self.step_cost(int(nodes[-1]), n_seqs)[nodes] + (d if d is not None else np.nan)
-            rows += [{"option": name, "k": k, "tokens": float(e[k - 1]), "seconds": float(t[k - 1]),
-                      "tok_per_s": float(e[k - 1] / t[k - 1])} for k in range(1, len(tree) + 1)]
-        return rows
-
-    def summary(self) -> dict[str, Any]:
-        """What was chosen how often and the measured rates (for the stats line and JSON)."""
-        ks = np.arange(1, 6)
-        c = self.step_cost(4, 1)
-        out: dict[str, Any] = {"chosen": dict(self.choices), "explored": int(self.explored),
-                               "lengths": {int(k): int(n) for k, n in enumerate(self.lengths) if n},
-                               "step_ms": {int(n): round(1e3 * float(x), 2) for n, x in zip(ks, c, strict=True)
-                                           if not np.isnan(x)}}
-        draft: dict[str, float] = {}
-        for name in self.cost.draft_lines:
-            d = self.cost.draft_cost(name, np.array([0, 3]))
-            if d is not None:
-                draft[name] = round(1e3 * float(d[1] - d[0]) / 3.0, 3)
-        out["draft_ms_per_token"] = draft
-        out["acceptance"] = {k: round(v, 3) for k, v in self.accept.pooled(_member_band).items()}
-        return out
-
-    def describe(self) -> str:
-        s = self.summary()
-        chosen = " ".join(f"{k}={v}" for k, v in s["chosen"].items())
-        lengths = " ".join(f"{k}:{v}" for k, v in s["lengths"].items())
-        step = " ".join(f"c({k})={v}ms" for k, v in s["step_ms"].items())
-        draft = " ".join(f"{k}={v}ms/tok" for k, v in s["draft_ms_per_token"].items())
-        acc = " ".join(f"{k}={100 * v:.0f}%" for k, v in s["acceptance"].items())
-        return (f"auto: chosen {chosen} (explored {s['explored']}); k {lengths}; {step}; draft {draft}; "
-                f"kept {acc}")
-
     def save(self, path: str | Path) -> None:
         """The cost model and the survival counts as JSON (``cost_model=path`` reads it back)."""
         data = {"version": 1, "cost": self.cost.to_dict(), "survival": self.accept.export()}
         Path(path).write_text(json.dumps(data, indent=1))
 
-
-def _member_band(key: object) -> str:
-    """'member@band' of a survival key (member, band, last_full)."""
-    return f"{key[0]}@{key[1]}" if isinstance(key, tuple) and len(key) == 3 else str(key)
