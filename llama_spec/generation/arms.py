@@ -9,10 +9,7 @@ tree is verified whole: its depth is chosen before drafting, never cut after).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
-
-if TYPE_CHECKING:
-    from .controller import Plan
+from typing import Any
 
 __all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "is_tree", "member_of", "tree_arm",
            "tree_name"]
@@ -82,5 +79,5 @@ class SlotState:
     last_full: bool = False
     last_cut: tuple[int, int] | None = None   # (arm, k) of the last verification when it kept all k
     sweep_i: int = 0
-    plan: Plan | None = None
+    plan: Any = None   # its current controller.Plan (Any: arms.py imports nothing of the controller's)
     best: tuple[Any, int, dict[int, tuple[int, float, float, float]]] | None = None   # (key, age, Plan._best)
