@@ -127,6 +127,7 @@ RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as o
 CALIB_COPIES, CALIB_DECAY = 1.25, 0.95
 STEP_COST_REFRESH = 8   # c and r are re-read every 8 of their measurements (4 solo steps; docstring, Overhead)
 BEST_REFRESH = 4        # each arm's best length is re-read every 4 plans (the same)
+_NO_ROWS = np.zeros(1, dtype=np.int64)   # a plan without a tree arm: its rows per depth
 
 
 class Plan:
@@ -145,7 +146,7 @@ class Plan:
         # the tree arm: the request's shape cut to tree_cap levels (rows: target rows per depth - 1)
         self.tree_shape = req.tree if req.tree and st.tree_member is not None else None
         self.tree = self.tree_shape[:max(tree_cap, 0)] if self.tree_shape else ()
-        self._tree_rows = np.array([tree_node_count(self.tree[:j]) for j in range(len(self.tree) + 1)])
+        self._tree_rows = ctl.tree_rows(self.tree) if self.tree else _NO_ROWS
         self._arms = costly + ([tree_arm(st.tree_member)] if self.tree and st.tree_member is not None else []) + [PLAIN]
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
@@ -460,6 +461,7 @@ class SpecController(ControllerReports):
         self.calib: dict[tuple[str, str], np.ndarray] = {}   # (member, band) -> decayed (S(k) predicted, full, n)
         self.slots: dict[int, SlotState] = {}
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}   # n_seqs -> (cost.version, step_cost)
+        self._tree_rows: dict[tuple[int, ...], np.ndarray] = {}    # shape -> nodes per depth 0 .. its depth
         self.versions = (0, 0)   # (survival, costly draft cost) measurements: Plan._best's cache key
         self.choices: dict[str, int] = {}        # "plain" / member name -> steps
         self.lengths = np.zeros(65, dtype=np.int64)
@@ -472,6 +474,14 @@ class SpecController(ControllerReports):
         c = [bool(x) for x in costly]
         md = [bool(x) and y for x, y in zip(modes, c, strict=True)] if modes is not None else [False] * len(c)
         self.slots[slot] = SlotState(list(names), c, md, tree_member)
+
+    def tree_rows(self, shape: tuple[int, ...]) -> np.ndarray:
+        """Nodes of `shape` cut to depth 0 .. len(shape) (the target rows of a depth d tree, minus 1);
+        computed once per shape (a plan asks every step)."""
+        rows = self._tree_rows.get(shape)
+        if rows is None:
+            rows = self._tree_rows[shape] = np.array([tree_node_count(shape[:j]) for j in range(len(shape) + 1)])
+        return rows
 
     def survival(self, name: str, band: str, full: bool | None, n: int) -> np.ndarray:
         """S(1) .. S(n) of a member's drafts in a band after a full verification or not (None: both)."""
