@@ -34,7 +34,7 @@ def test_tune_prints_the_table_and_saves_a_model_generate_starts_from(smollm_pat
                                     "-t", str(THREADS), "-p", "The capital of France is", "-n", "12", "--temp", "0",
                                     "--spec-auto", "--spec-cost-model", str(saved)])
     assert code == 0, err
-    assert "llama-spec: auto chose plain" in err and "auto: chosen" in err
+    assert "llama-spec: auto chose plain" in err and "llama-spec: auto measured: c(1)=" in err
 
 
 def test_tune_measures_the_trees_of_spec_draft_tree_at_every_depth(smollm_path, capsys):

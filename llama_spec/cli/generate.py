@@ -65,7 +65,7 @@ def run(ns: argparse.Namespace) -> int:
               f"extra_accepted={st.extra_accepted}", file=sys.stderr)
     if gen.controller is not None and st.auto_steps:
         print(f"llama-spec: auto chose {st.auto_summary()}", file=sys.stderr)
-        print(f"llama-spec: {gen.controller.describe()}", file=sys.stderr)
+        print(f"llama-spec: {gen.controller.describe(choices=False)}", file=sys.stderr)
     if ns.stats_json:
         auto = {"auto": gen.controller.summary()} if gen.controller is not None else {}
         Path(ns.stats_json).write_text(json.dumps({"rule": rule, "stop_reason": res.stop_reason,

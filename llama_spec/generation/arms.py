@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .draft_length import DraftLengthController
+
 __all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "is_tree", "member_of", "tree_arm",
            "tree_name"]
 
@@ -80,4 +82,5 @@ class SlotState:
     last_cut: tuple[int, int] | None = None   # (arm, k) of the last verification when it kept all k
     sweep_i: int = 0
     plan: Any = None   # its current controller.Plan (Any: arms.py imports nothing of the controller's)
+    local: DraftLengthController | None = None   # the request's survival (SpecController.begin_request)
     best: tuple[Any, int, dict[int, tuple[int, float, float, float]]] | None = None   # (key, age, Plan._best)

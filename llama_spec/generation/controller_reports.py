@@ -72,15 +72,17 @@ class ControllerReports:
         out["acceptance"] = {k: round(v, 3) for k, v in self.accept.pooled(_member_band).items()}
         return out
 
-    def describe(self) -> str:
+    def describe(self, choices: bool = True) -> str:
+        """One line: what was chosen (all requests so far; choices=False: left out, as a solo
+        run's SpecStats line says it) and the measured step costs, draft costs and acceptance."""
         s = self.summary()
         chosen = " ".join(f"{k}={v}" for k, v in s["chosen"].items())
         lengths = " ".join(f"{k}:{v}" for k, v in s["lengths"].items())
         step = " ".join(f"c({k})={v}ms" for k, v in s["step_ms"].items())
         draft = " ".join(f"{k}={v}ms/tok" for k, v in s["draft_ms_per_token"].items())
         acc = " ".join(f"{k}={100 * v:.0f}%" for k, v in s["acceptance"].items())
-        return (f"auto: chosen {chosen} (explored {s['explored']}); k {lengths}; {step}; draft {draft}; "
-                f"kept {acc}")
+        head = f"auto: chosen {chosen} (explored {s['explored']}); k {lengths}; " if choices else "auto measured: "
+        return f"{head}{step}; draft {draft}; kept {acc}"
 
 
 

@@ -530,6 +530,7 @@ class StepCore:
         p = req.sampler.params
         members, history = drafter.members(), s.em.history
         if s.view is None:   # once per request
+            auto.begin_request(s.slot.index)
             s.view = RequestView(band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
                                  req.n_predict, draft_modes_band(p.greedy, p.temp, req.rule.uses_q, req.switch),
                                  req.switch, req.tree)

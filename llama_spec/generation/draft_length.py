@@ -138,6 +138,15 @@ class DraftLengthController:
         return [[list(k), h.reached[:n].round(4).tolist(), h.kept[:n].round(4).tolist()]
                 for k, h in self._hz.items() if isinstance(k, tuple)]
 
+    def capped(self, weight: float) -> DraftLengthController:
+        """A copy whose counts are scaled to at most `weight` verifications per key: the same
+        hazards, as a prior that a request's own verifications soon outweigh (controller.py)."""
+        out = DraftLengthController(self.prior_keep, self.prior_weight, self.decay, self.pool_weight)
+        for key, h in self._hz.items():
+            f = min(1.0, weight / h.reached[0]) if h.reached[0] > 0 else 0.0
+            out._hz[key] = _Hazards(h.reached * f, h.kept * f)
+        return out
+
     def load(self, rows: list[list[object]], weight: float = 4.0) -> None:
         """Counts from ``export()``, scaled to at most `weight` verifications per key (a prior)."""
         for key, reached, kept in rows:
