@@ -535,7 +535,7 @@ def test_a_request_where_the_draft_model_loses_turns_to_plain_despite_the_reques
     # The bench_auto prose prompt after the code prompt (Intel Xeon, 2 cores): the draft model kept
     # 86 % on code, far less on prose, and the shared survival took 7 losing steps to turn. Each
     # request's survival starts from the shared counts capped at REQUEST_PRIOR verifications; the
-    # broken variant (no begin_request: the shared counts alone) runs 0.82x plain (25 t/s) here, 0.94.
+    # broken variant (no begin_request: the shared counts alone) runs 0.82x plain (25 t/s) here; with it 0.94x.
     plain = 1 / line(0.030, 0.010)(1)
     assert _after_a_good_request(0.3, True) > 0.9 * plain
     assert _after_a_good_request(0.3, False) < 0.86 * plain
