@@ -31,7 +31,7 @@ Survival per request: a request starts from the shared counts capped at ``REQUES
 verifications per key (``begin_request``), so its own verifications soon outweigh what earlier
 requests saw (the shared counts go on for reports, other slots and the next requests). Why: a
 draft model kept 86 % on a code prompt and far less on the prose prompt after it, and the shared
-counts (decay 0.98) took 7 of its losing steps to turn: 0.76-0.92x plain on the first prose run.
+counts (decay 0.98) took 7 of its losing steps to turn: 0.76-0.89x plain on the first prose run.
 
 A costly arm is chosen over plain only when predicted ``PLAIN_MARGIN`` (5 %) faster: its
 estimate is an average over drafts lost and kept, plain's is certain, and at a toss-up the model's
@@ -560,8 +560,9 @@ class SpecController(ControllerReports):
         elif plan.member is not None and plan.k > 0:
             seen = (plan.arm_name(plan.held_arm), plan.held_band, plan.full), plan.k, n_kept
         if seen is not None:
-            for acc in (self.accept, st.local) if st.local is not None else (self.accept,):
-                acc.record_verify(*seen)
+            self.accept.record_verify(*seen)
+            if st.local is not None:   # (the request's own counts too: begin_request)
+                st.local.record_verify(*seen)
             self.versions = (self.versions[0] + 1, self.versions[1])   # a survival changed
         if plan.member is not None and plan.k > 0 and plan.predicted_full is not None:
             key = (st.names[plan.member], plan.held_band)

@@ -142,17 +142,19 @@ class DraftLengthController:
         """A copy whose counts are scaled to at most `weight` verifications per key: the same
         hazards, as a prior that a request's own verifications soon outweigh (controller.py)."""
         out = DraftLengthController(self.prior_keep, self.prior_weight, self.decay, self.pool_weight)
-        for key, h in self._hz.items():
-            f = min(1.0, weight / h.reached[0]) if h.reached[0] > 0 else 0.0
-            out._hz[key] = _Hazards(h.reached * f, h.kept * f)
+        out._hz = {key: _capped(h.reached, h.kept, weight) for key, h in self._hz.items()}
         return out
 
     def load(self, rows: list[list[object]], weight: float = 4.0) -> None:
         """Counts from ``export()``, scaled to at most `weight` verifications per key (a prior)."""
         for key, reached, kept in rows:
-            r = np.asarray(reached, dtype=np.float64)
-            f = min(1.0, weight / r[0]) if len(r) and r[0] > 0 else 0.0
             h = _Hazards()
-            h.reached[: len(r)] = r * f
-            h.kept[: len(r)] = np.asarray(kept, dtype=np.float64) * f
-            self._hz[tuple(key)] = h  # type: ignore[arg-type]
+            r, k = np.asarray(reached, dtype=np.float64), np.asarray(kept, dtype=np.float64)
+            h.reached[: len(r)], h.kept[: len(k)] = r, k
+            self._hz[tuple(key)] = _capped(h.reached, h.kept, weight)  # type: ignore[arg-type]
+
+
+def _capped(reached: np.ndarray, kept: np.ndarray, weight: float) -> _Hazards:
+    """Counts (MAX_LEN,) scaled to at most `weight` verifications (reached[0]): the same hazards."""
+    f = min(1.0, weight / reached[0]) if reached[0] > 0 else 0.0
+    return _Hazards(reached * f, kept * f)
