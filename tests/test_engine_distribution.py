@@ -257,6 +257,9 @@ def test_trees_chosen_by_the_controller_in_a_batch_of_4_emit_p(smollm, gpu_like_
         gen.core.tree_rule.node_kernel = _keep_rejected_in_q
     try:
         samples, results = _collect(gen, TREE_ROUNDS + 3, 3000 if correct else 70_000)   # (chains too: fewer trees)
+        if RankTest(samples, "tree").power()[0] <= POWER:   # the controller's mix decides n: as many again
+            more = _collect(gen, TREE_ROUNDS + 3, 4000 if correct else 80_000)
+            samples, results = samples + more[0], results + more[1]
     finally:
         gen.close()
     by: dict[str, int] = {"plain": sum(r.stats.auto_plain for r in results)}
