@@ -83,4 +83,4 @@ class SlotState:
     sweep_i: int = 0
     plan: Any = None   # its current controller.Plan (Any: arms.py imports nothing of the controller's)
     local: DraftLengthController | None = None   # the request's survival (SpecController.begin_request)
-    best: tuple[Any, int, dict[int, tuple[int, float, float, float]]] | None = None   # (key, age, Plan._best)
+    best: tuple[Any, dict[int, tuple[int, float, float, float]]] | None = None   # (key, Plan._best)

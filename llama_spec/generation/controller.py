@@ -81,8 +81,10 @@ for every shape, and a choice uses only the past.
 Overhead: a plan runs between two decodes, with the caches cold (the model's weights streamed
 through them): 0.5 ms of Python per step here, against 0.2 ms for plain decoding (SmolLM2-135M,
 2 cores; 6 % of its step). So the step cost curve is re-read every ``STEP_COST_REFRESH``
-measurements and each arm's best length every ``BEST_REFRESH`` plans (at once when a survival
-or a model's draft cost was measured); a young cost model (< 128 measurements) every time.
+measurements of c or r, up to every ``STEP_COST_REFRESH_MAX`` as the model matures (1/16 of its
+measurements: an old model moves little per step), and each arm's best length only when what it
+is computed from changed (that curve, a survival, a model's draft cost, the request); a young
+cost model (< 128 measurements) every time.
 ``explore_budget`` is 1 %: on a machine where plain wins (1.5B on 2 cores), the budget and this
 overhead are what the controller costs.
 
@@ -134,7 +136,7 @@ RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (mod
 RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as often as predicted
 CALIB_COPIES, CALIB_DECAY = 1.25, 0.95
 STEP_COST_REFRESH = 8   # c and r are re-read every 8 of their measurements (4 solo steps; docstring, Overhead)
-BEST_REFRESH = 4        # each arm's best length is re-read every 4 plans (the same)
+STEP_COST_REFRESH_MAX = 64   # ... up to every 64 (32 solo steps) in an old model
 _NO_ROWS = np.zeros(1, dtype=np.int64)   # a plan without a tree arm: its rows per depth
 
 
@@ -251,23 +253,25 @@ class Plan:
         return top, best[top][0], hi
 
     def _best(self, arms: list[int]) -> dict[int, tuple[int, float, float, float]]:
-        """arm -> (k, rate, E(k), T(k)) of its best length; reused for BEST_REFRESH steps while
-        nothing but c and r was measured (module docstring, Overhead)."""
+        """arm -> (k, rate, E(k), T(k)) of its best length; reused while what it is computed from is
+        unchanged: the step cost curve read, survival, costly draft costs, the request (module
+        docstring, Overhead)."""
         st, ctl = self.st, self.ctl
-        key = (self.band, self.argmax_band, self.n_seqs, self.k_cap, self.tree, tuple(st.longest.items()), ctl.versions)
-        if st.best is not None and st.best[0] == key and st.best[1] < BEST_REFRESH and ctl.cost.version >= 128:
-            st.best = (key, st.best[1] + 1, st.best[2])
-            return st.best[2]
+        # each arm up to one past its longest proposal (draft-simple: its own n_max), within k_cap
+        # (the request's last steps lower k_cap every step: only the lengths considered matter)
+        ns = tuple(len(self.tree) if is_tree(a) else min(self.k_cap, st.longest.get(member_of(a), self.k_cap - 1) + 1)
+                   for a in arms[:-1])
+        key = (self.band, self.argmax_band, self.n_seqs, ns, self.tree, ctl.versions, ctl.step_cost_version(self.n_seqs))
+        if st.best is not None and st.best[0] == key:
+            return st.best[1]
         best: dict[int, tuple[int, float, float, float]] = {PLAIN: (0, 1.0 / self.v[0], 1.0, float(self.v[0]))}
-        for a in arms[:-1]:   # up to one past its longest proposal (draft-simple: its own n_max)
-            m = member_of(a)
-            n = len(self.tree) if is_tree(a) else min(self.k_cap, st.longest.get(m, self.k_cap - 1) + 1)
+        for a, n in zip(arms[:-1], ns, strict=True):
             o = self.options(a, n, None, pooled=True)
             if o is not None:
                 e, t = o
                 k = int(np.argmax(e[1:] / t[1:])) + 1
                 best[a] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
-        st.best = (key, 0, best)
+        st.best = (key, best)
         return best
 
     def explore_share(self, n_arms: int) -> float:   # each arm not chosen: its share of the slot's budget
@@ -514,10 +518,13 @@ class SpecController(ControllerReports):
 
     def step_cost(self, k_cap: int, n_seqs: int) -> np.ndarray:
         """Seconds of a step of one sequence without its draft, for n_rows = 1 .. k_cap + 1 (read
-        only). Kept per n_seqs for ``STEP_COST_REFRESH`` measurements of c or r (module docstring)."""
+        only). Kept per n_seqs for STEP_COST_REFRESH .. STEP_COST_REFRESH_MAX measurements of c or r
+        (module docstring, Overhead)."""
         hit = self._step_costs.get(n_seqs)
-        fresh = self.cost.version < 16 * STEP_COST_REFRESH   # (a young model moves fast: every time)
-        if hit is not None and len(hit[1]) > k_cap and self.cost.version - hit[0] < (1 if fresh else STEP_COST_REFRESH):
+        ver = self.cost.version
+        # (a young model moves fast: every time)
+        keep = 1 if ver < 16 * STEP_COST_REFRESH else min(STEP_COST_REFRESH_MAX, max(STEP_COST_REFRESH, ver // 16))
+        if hit is not None and len(hit[1]) > k_cap and ver - hit[0] < keep:
             return hit[1][: k_cap + 1]
         # as long as any plan asked (the length matters little to the cost of this)
         n = np.arange(1, max(k_cap, len(hit[1]) - 1 if hit is not None else 8) + 2)
@@ -526,6 +533,11 @@ class SpecController(ControllerReports):
             v.flags.writeable = False
             self._step_costs[n_seqs] = (self.cost.version, v)
         return v[: k_cap + 1]
+
+    def step_cost_version(self, n_seqs: int) -> int | None:
+        """The cost model's version when the step cost curve of n_seqs was last read (None: never)."""
+        hit = self._step_costs.get(n_seqs)
+        return None if hit is None else hit[0]
 
     # -- the core's calls -----------------------------------------------------------------------
     def plan(self, slot: int, k_cap: int, req: RequestView | str, n_seqs: int, hist_len: int,

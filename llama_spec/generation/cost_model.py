@@ -65,20 +65,25 @@ class LinearFit:
 
     def __init__(self, n_features: int, decay: float, warmup: int = 0) -> None:
         self.n, self.decay, self.warmup = int(n_features), float(decay), int(warmup)
-        self.xtx = np.zeros((self.n, self.n))
-        self.xty = np.zeros(self.n)
+        self._set_sums(np.zeros((self.n, self.n + 2)))
         self.count = 0.0                       # decayed number of measurements
         self.sum_y = 0.0
         self.floor = float("inf")              # the smallest measurement, rising slowly
         self._beta: dict[bytes, np.ndarray] = {}  # coef() per prior, until the next add
-        self.sum_x = np.zeros(self.n)
+
+    def _set_sums(self, sums: np.ndarray) -> None:
+        """[xtx | xty | sum_x] in one (n, n + 2) array, so that a measurement is one update of it
+        (a step records several, between decodes, with the caches cold: module Overhead of controller.py)."""
+        self._sums = sums
+        self.xtx, self.xty, self.sum_x = sums[:, : self.n], sums[:, self.n], sums[:, self.n + 1]
 
     def add(self, x: np.ndarray, y: float) -> None:
         if self.warmup > 0:
             self.warmup -= 1
             return
         if self.count > 0 and y * self.OUTLIER < self.floor:   # what came before were the stalls
-            self.xtx, self.xty, self.count, self.sum_y = self.xtx * 0.0, self.xty * 0.0, 0.0, 0.0
+            self._sums[:, : self.n + 1] = 0.0
+            self.count, self.sum_y = 0.0, 0.0
         self.floor = min(y, self.floor / self.decay)
         if y > self.OUTLIER * max(self.floor, 1e-6):
             return
@@ -88,12 +93,8 @@ class LinearFit:
             y = min(y, self.CLIP * max(float(x @ beta), 1e-6))
         d = self.decay
         self._beta.clear()
-        self.xtx *= d
-        self.xtx += x[:, None] * x
-        self.xty *= d
-        self.xty += x * y
-        self.sum_x *= d
-        self.sum_x += x
+        self._sums *= d
+        self._sums += np.multiply.outer(x, np.append(x, (y, 1.0)))   # x x^T | x y | x
         self.count = self.count * d + 1.0
         self.sum_y = self.sum_y * d + y
 
@@ -126,9 +127,8 @@ class LinearFit:
         """A saved fit, its weight scaled down to at most `scale` measurements."""
         xtx, xty, count, sum_y, sum_x = data
         f = min(1.0, scale / count) if count > 0 else 0.0
-        self.sum_x = np.asarray(sum_x, dtype=np.float64) * f
-        self.xtx = np.asarray(xtx, dtype=np.float64) * f   # (new arrays: add() updates them in place)
-        self.xty = np.asarray(xty, dtype=np.float64) * f
+        self._set_sums(np.column_stack([np.asarray(xtx, dtype=np.float64), np.asarray(xty, dtype=np.float64),
+                                        np.asarray(sum_x, dtype=np.float64)]).reshape(self.n, self.n + 2) * f)
         self.count, self.sum_y = float(count) * f, float(sum_y) * f
         self._beta.clear()
 
