@@ -27,8 +27,8 @@ Words (docs/design.md's, and these):
 - After drafting (the draft's cost is then spent), the proposal is cut to its best prefix
   k in 0 .. len (0 = plain after all) by the same rate with D the seconds the draft took.
 
-Survival per request: a request starts from the shared counts capped at ``REQUEST_PRIOR`` (4)
-verifications per key (``begin_request``), so its own verifications soon outweigh what earlier
+Survival per request: a request starts from the shared counts capped at ``request_prior``
+(``REQUEST_PRIOR``, 4) verifications per key (``begin_request``), so its own verifications soon outweigh what earlier
 requests saw (the shared counts go on for reports, other slots and the next requests). Why: a
 draft model kept 86 % on a code prompt and far less on the prose prompt after it, and the shared
 counts (decay 0.98) took 7 of its losing steps to turn: 0.76-0.89x plain on the first prose run.
@@ -130,7 +130,7 @@ def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> Sp
     return SpecController(cost_model=cost_model)
 
 
-REQUEST_PRIOR = 4.0   # a request's survival starts from the shared counts capped at this many verifications
+REQUEST_PRIOR = 1.0   # a request's survival starts from the shared counts capped at this many verifications
 PLAIN_MARGIN = 0.05   # a costly arm is chosen over plain only when predicted this much faster
 RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (module docstring, Ramp)
 RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as often as predicted
@@ -459,13 +459,18 @@ class SpecController(ControllerReports):
     sweep: (member or None, k) options tried in turn instead of deciding (``llama-spec tune``).
     ramp: after a full verification, the next cut of the same arm may be up to twice as long where
         predicted within RAMP_KEEP of the best cut's rate (the module's Ramp).
+    request_prior: a request's survival starts from the shared counts capped at this many
+        verifications per key (the module's Survival per request).
     """
 
     def __init__(self, *, explore_budget: float = 0.01, explore_every: int = 16, min_turns: int = 2,
                  decay: float = 0.98, cost_model: CostModelSource = None,
-                 sweep: Sequence[tuple[int | None, int]] = (), ramp: bool = True) -> None:
-        if not 0.0 < explore_budget < 1.0 or explore_every < 1 or min_turns < 1:
-            raise ValueError("controller: requires 0 < explore_budget < 1, explore_every >= 1, min_turns >= 1")
+                 sweep: Sequence[tuple[int | None, int]] = (), ramp: bool = True,
+                 request_prior: float = REQUEST_PRIOR) -> None:
+        if not 0.0 < explore_budget < 1.0 or explore_every < 1 or min_turns < 1 or request_prior <= 0.0:
+            raise ValueError("controller: requires 0 < explore_budget < 1, explore_every >= 1, min_turns >= 1, "
+                             "request_prior > 0")
+        self.request_prior = float(request_prior)
         self.explore_budget, self.explore_every, self.min_turns = explore_budget, explore_every, min_turns
         self.cost, self.accept = load_cost_model(cost_model, decay)
         self.sweep = list(sweep)
@@ -506,9 +511,9 @@ class SpecController(ControllerReports):
 
     def begin_request(self, slot: int) -> None:
         """Slot `slot` starts a request: its survival starts from the shared counts capped at
-        ``REQUEST_PRIOR`` verifications per key, and its own verifications soon outweigh them."""
+        ``request_prior`` verifications per key, and its own verifications soon outweigh them."""
         st = self.slots[slot]
-        st.local, st.best = self.accept.capped(REQUEST_PRIOR), None
+        st.local, st.best = self.accept.capped(self.request_prior), None
 
     def copies(self, name: str, band: str) -> bool:
         """A member's drafts in a band are kept whole more often than the survival model predicts
