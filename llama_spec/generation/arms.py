@@ -4,6 +4,19 @@ An **arm** is plain decoding, a costly member in one draft mode, or the tree arm
 member m sampled is m (>= 0), ``PLAIN`` is -1, member m in argmax mode is -(m + 2), and member m
 drafting the request's tree shape is ``TREE - m`` (``tree_arm``), with the depth as its length (a
 tree is verified whole: its depth is chosen before drafting, never cut after).
+
+Trees: a request with a tree shape (``tree=``, ``--spec-draft-tree``) has one more arm:
+the member that drafts trees (draft-simple, alone or in a chain) drafting that shape to depth
+d = 1 .. its depth (the tree cut to d levels; cheap members are still asked first),
+verified whole in 1 + nodes(d) target rows. Its survival and draft cost are its own (keyed
+"draft-simple tree 2,1,1": S_tree(j) is the chance that some path reaches depth j), so
+
+    E(d) = 1 + S_tree(1) + .. + S_tree(d),   T(d) = c(B (1 + nodes(d)), B) / B + r(1 + nodes(d)) + D_tree(d)
+
+and plain, the member's chain (either draft mode) and the tree are chosen among, explored and
+measured like any arms. A tree's depth is chosen before drafting and never cut after (a cut
+would change which rows the shape's paths own); exactness as for chains: the tree rule is exact
+for every shape, and a choice uses only the past.
 """
 
 from __future__ import annotations

@@ -28,10 +28,14 @@ Words (docs/design.md's, and these):
   k in 0 .. len (0 = plain after all) by the same rate with D the seconds the draft took.
 
 Survival per request: a request starts from the shared counts capped at ``request_prior``
-(``REQUEST_PRIOR``, 4) verifications per key (``begin_request``), so its own verifications soon outweigh what earlier
-requests saw (the shared counts go on for reports, other slots and the next requests). Why: a
-draft model kept 86 % on a code prompt and far less on the prose prompt after it, and the shared
-counts (decay 0.98) took 7 of its losing steps to turn: 0.76-0.89x plain on the first prose run.
+(``REQUEST_PRIOR``, 1) verification per key (``begin_request``), so its own verifications soon
+outweigh what earlier requests saw (the shared counts go on for reports, other slots and the next
+requests). Why: a draft model kept 86 % on a code prompt and far less on the prose prompt after
+it, and the shared counts (decay 0.98) took 7 of its losing steps to turn: 0.76-0.89x plain on the
+first prose run. Why one: where the model barely pays (the 0.5B on 2 Intel cores: only at ~90 %
+kept), a prior of 4 still drafted 3-6 losing steps per prose request (0.95x plain); the shared
+counts hardly learn from such requests (a request that turns to plain verifies little), so every
+request must learn it again, from its own first verification.
 
 A costly arm is chosen over plain only when predicted ``PLAIN_MARGIN`` (5 %) faster: its
 estimate is an average over drafts lost and kept, plain's is certain, and at a toss-up the model's
@@ -65,22 +69,12 @@ together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per step: 16.
 21.7 verifying it whole; session 12). The ramp reaches a long copy in a few steps, at a bounded
 price where drafts are lost one by one (the model's own assumption): 1-3 % in simulation.
 
-Trees: a request with a tree shape (``tree=``, ``--spec-draft-tree``) has one more arm (arms.py):
-the member that drafts trees (draft-simple, alone or in a chain) drafting that shape to depth
-d = 1 .. its depth (the tree cut to d levels; cheap members are still asked first),
-verified whole in 1 + nodes(d) target rows. Its survival and draft cost are its own (keyed
-"draft-simple tree 2,1,1": S_tree(j) is the chance that some path reaches depth j), so
-
-    E(d) = 1 + S_tree(1) + .. + S_tree(d),   T(d) = c(B (1 + nodes(d)), B) / B + r(1 + nodes(d)) + D_tree(d)
-
-and plain, the member's chain (either draft mode) and the tree are chosen among, explored and
-measured like any arms. A tree's depth is chosen before drafting and never cut after (a cut
-would change which rows the shape's paths own); exactness as for chains: the tree rule is exact
-for every shape, and a choice uses only the past.
+Trees: a request with a tree shape has one more arm, drafting that shape to depth d (arms.py).
 
 Overhead: a plan runs between two decodes, with the caches cold (the model's weights streamed
 through them): 0.5 ms of Python per step here, against 0.2 ms for plain decoding (SmolLM2-135M,
-2 cores; 6 % of its step). So the step cost curve is re-read every ``STEP_COST_REFRESH``
+2 cores; 6 % of its step; the 1.5B on the Intel Xeon: 0.3-0.45 ms more than plain of an 80 ms
+step, scripts/controller_overhead.py). So the step cost curve is re-read every ``STEP_COST_REFRESH``
 measurements of c or r, up to every ``STEP_COST_REFRESH_MAX`` as the model matures (1/16 of its
 measurements: an old model moves little per step), and each arm's best length only when what it
 is computed from changed (that curve, a survival, a model's draft cost, the request); a young
