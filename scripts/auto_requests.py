@@ -1,0 +1,57 @@
+"""What the speculation controller chose in each request of a sequence like bench_auto's: code
+prompt 1 twice, prose 1 three times, code 2 twice, prose 2 three times, one auto generator (its
+controller learns from request to request, as in a server or a chat), n-gram pools reset before
+each request. One line per request: t/s and ``auto chose ...`` (plain steps, steps per member, k).
+
+Shows how many steps a request where the draft model loses drafts before turning to plain
+(the per-request prior, ``--request-prior``; issue 25).
+
+  python scripts/auto_requests.py                        # 1.5B <- 0.5B, greedy
+  python scripts/auto_requests.py --temp 0.8 --request-prior 4
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import bench_auto  # noqa: E402
+from bench_spec import loadavg, machine_info  # noqa: E402
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--target", default=bench_auto.DEFAULT_TARGET)
+    ap.add_argument("--drafter", default=bench_auto.DEFAULT_DRAFTER)
+    ap.add_argument("--temp", type=float, default=0.0)
+    ap.add_argument("--request-prior", type=float, default=None, help="default: the controller's")
+    ap.add_argument("-n", "--n-tokens", type=int, default=96)
+    ap.add_argument("-t", "--threads", type=int, default=2)
+    a = ap.parse_args(argv)
+    b = bench_auto.parse_args(["--fixed", "", "--native", "off", "--target", a.target, "--drafter", a.drafter,
+                               "-t", str(a.threads)])
+    info = machine_info()
+    print(f"# {info['cpu']}, {info['cores']} cores; {loadavg()}", file=sys.stderr)
+    arms = bench_auto.Arms(b)
+    gen = arms.gens["auto"]
+    if a.request_prior is not None:
+        gen.controller.request_prior = a.request_prior
+    print(f"# request prior {gen.controller.request_prior:g}, temp {a.temp}, {a.n_tokens} tokens")
+    ps = bench_auto.prompts(2)
+    code, prose = [t for c, t in ps if c == "code"], [t for c, t in ps if c == "prose"]
+    seq = [("code 1", code[0])] * 2 + [("prose 1", prose[0])] * 3 + [("code 2", code[1])] * 2 + [("prose 2", prose[1])] * 3
+    try:
+        for name, text in seq:
+            for pool in arms.pools["auto"]:
+                pool.reset()
+            r = gen.generate(text, sampling=bench_auto.sampler(a.temp), n_predict=a.n_tokens, seed=1)
+            print(f"{name:8} {r.stats.decode_tps:5.1f} t/s  auto chose {r.stats.auto_summary()}", flush=True)
+    finally:
+        arms.close()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
