@@ -1,0 +1,34 @@
+"""The controller's diagnosis scripts run in smoke size (SmolLM2-135M drafting for itself, a few
+tokens): the structure of what they print, not the speed (tests/test_bench_smoke.py's rules)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+from conftest import THREADS
+from test_bench_smoke import SCRIPTS, _run
+
+
+def test_controller_overhead_splits_each_arms_time_by_context():
+    p = _run([sys.executable, str(SCRIPTS / "controller_overhead.py"), "--runs", "2", "-n", "16", "-t", str(THREADS)])
+    rows = {m.group(1): m for m in re.finditer(
+        r"^  (plain|auto|auto ngram)\s*: total\s+([\d.]+) .*?target\s+([\d.]+) .*?draft\s+([\d.]+) .*?rest\s+(-?[\d.]+)",
+        p.stdout, re.M)}
+    assert rows.keys() == {"plain", "auto", "auto ngram"}, p.stdout
+    for arm, m in rows.items():
+        assert float(m.group(2)) > 0 and float(m.group(3)) > 0, (arm, p.stdout)
+    # the draft model's decodes are counted apart: plain and the n-gram-only arm have none
+    assert float(rows["plain"].group(4)) == 0.0 and float(rows["auto ngram"].group(4)) == 0.0, p.stdout
+    assert re.search(r"auto ngram.*steps \d+", p.stdout), p.stdout
+
+
+def test_auto_requests_prints_each_requests_choices_in_order():
+    p = _run([sys.executable, str(SCRIPTS / "auto_requests.py"), "--target", "smollm2-135m", "--drafter",
+              "smollm2-135m", "-n", "12", "-t", str(THREADS), "--request-prior", "2"])
+    lines = [x for x in p.stdout.splitlines() if "auto chose" in x]
+    assert [x[:8].strip() for x in lines] == (
+        ["code 1"] * 2 + ["prose 1"] * 3 + ["code 2"] * 2 + ["prose 2"] * 3), p.stdout
+    assert "# request prior 2," in p.stdout
+    for x in lines:   # every request decided its steps: plain steps and/or drafted ones, with lengths
+        assert re.search(r"auto chose (plain \d+|\S+ \d+).*; k ", x), x
