@@ -128,7 +128,7 @@ class LinearFit:
         xtx, xty, count, sum_y, sum_x = data
         f = min(1.0, scale / count) if count > 0 else 0.0
         self._set_sums(np.column_stack([np.asarray(xtx, dtype=np.float64), np.asarray(xty, dtype=np.float64),
-                                        np.asarray(sum_x, dtype=np.float64)]).reshape(self.n, self.n + 2) * f)
+                                        np.asarray(sum_x, dtype=np.float64)]) * f)
         self.count, self.sum_y = float(count) * f, float(sum_y) * f
         self._beta.clear()
 
