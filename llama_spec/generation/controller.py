@@ -42,6 +42,10 @@ estimate is an average over drafts lost and kept, plain's is certain, and at a t
 errors decide (at temp 0.8 on 2 cores, argmax drafts of the 0.5B predicted ~4 % faster than plain
 ran 0.88x plain; session 12).
 
+Sync: a model member that must first sync many tokens (a new request's whole prompt) is chosen
+over plain only when its predicted saving over plain in the tokens the request has left covers
+that sync (``Plan._repays_sync``): a long prompt with a short answer is decoded plainly.
+
 Exploration: each costly member and plain get up to ``min_turns`` turns first (costly members
 first, at the full length) until the shared cost model knows them: a draft cost and one verified
 turn (``_measured``; the first turn may only warm the draft-cost fit, so with ``min_turns`` 2 that
@@ -54,22 +58,12 @@ whole prompt); and that sync alone must fit in the share of the request's own pr
 (n_predict plain steps). Each of the n arms not chosen gets explore_budget / n
 (``explore_share``), so at most about ``explore_budget`` of the time goes to exploring, in all and
 in each request, and the clearer the loser the rarer it is tried; a try verifies the length it was
-chosen at (it is for measuring). (The chain gate's rule, every
-``16 x (rate ratio)^2`` steps, cost 18 % here: one try of a 0.5B-class draft after a plain stretch
-costs several plain steps.) Lengths are explored the same way: k_best + 1 instead of k_best. Two
-tries of one option are at least ``explore_every`` steps apart.
+chosen at (it is for measuring). (The chain gate's rule, every ``16 x (rate ratio)^2`` steps,
+cost 18 % here.) Lengths are explored the same way: k_best + 1 instead of k_best. Two tries of
+one option are at least ``explore_every`` steps apart.
 
-Ramp: when the arm's last verification kept all of its k drafts, the next cut of the same arm is
-the longest of k_best + 1 .. min(2 k, its length) predicted at >= ``RAMP_KEEP`` (0.95) of the
-best cut's rate, if any; ``RAMP_KEEP_COPIES`` (0.6) where the member's drafts in this band were
-kept whole ``CALIB_COPIES`` (1.25) x as often as the survival model predicted (``copies``: the
-calibration of S(k) at the cuts verified). Why: survival is per position and a cut censors the
-positions after it, so the prior rules there; but n-gram drafts are often copies, kept or lost
-together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per step: 16.5 t/s, against
-21.7 verifying it whole; session 12). The ramp reaches a long copy in a few steps, at a bounded
-price where drafts are lost one by one (the model's own assumption): 1-3 % in simulation.
-
-Trees: a request with a tree shape has one more arm, drafting that shape to depth d (arms.py).
+Ramp: after a verification that kept all of its drafts, the next cut of that arm may go longer
+(draft_length.py). Trees: a request with a tree shape has one more arm, to depth d (arms.py).
 
 Overhead: a plan runs between two decodes, with the caches cold (the model's weights streamed
 through them): 0.5 ms of Python per step here, against 0.2 ms for plain decoding (SmolLM2-135M,
@@ -78,9 +72,8 @@ step, scripts/controller_overhead.py). So the step cost curve is re-read every `
 measurements of c or r, up to every ``STEP_COST_REFRESH_MAX`` as the model matures (1/16 of its
 measurements: an old model moves little per step), and each arm's best length only when what it
 is computed from changed (that curve, a survival, a model's draft cost, the request); a young
-cost model (< 128 measurements) every time.
-``explore_budget`` is 1 %: on a machine where plain wins (1.5B on 2 cores), the budget and this
-overhead are what the controller costs.
+cost model (< 128 measurements) every time. Where plain wins (1.5B on 2 cores), the 1 %
+``explore_budget`` and this overhead are what the controller costs.
 
 Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
 no draft is a verification without drafts); a decision uses only what happened before it, so the
@@ -126,7 +119,7 @@ def make_controller(auto: bool | None, cost_model: CostModelSource = None) -> Sp
 
 REQUEST_PRIOR = 1.0   # a request's survival starts from the shared counts capped at this many verifications
 PLAIN_MARGIN = 0.05   # a costly arm is chosen over plain only when predicted this much faster
-RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (module docstring, Ramp)
+RAMP_KEEP = 0.95   # a ramped cut's predicted rate >= this x the best cut's (draft_length.py: the controller's ramp)
 RAMP_KEEP_COPIES = 0.6   # ... where full verifications came CALIB_COPIES x as often as predicted
 CALIB_COPIES, CALIB_DECAY = 1.25, 0.95
 STEP_COST_REFRESH = 8   # c and r are re-read every 8 of their measurements (4 solo steps; docstring, Overhead)
@@ -142,6 +135,7 @@ class Plan:
                  sync_need: Callable[[int], int | None] | None = None, tree_cap: int = 0) -> None:
         self.ctl, self.st, self.hist_len = ctl, st, hist_len
         self.band, self.argmax_band, self.sample, self.n_predict = req.band, req.argmax_band, req.sample, req.n_predict
+        self.prompt_len = req.prompt_len
         self._sync_need = sync_need
         self._needs: dict[int, int] = {}   # member -> tokens its lazy sync decodes (asked once)
         costly = [i for i, c in enumerate(st.costly) if c]
@@ -225,8 +219,8 @@ class Plan:
             return a, (len(self.tree) if is_tree(a) else self.k_cap if a != PLAIN else 0), 0.0
         best = self._best(arms)
         top = max(best, key=lambda a: best[a][1])
-        if top != PLAIN and best[top][1] < (1.0 + PLAIN_MARGIN) * best[PLAIN][1]:
-            top = PLAIN   # a toss-up: plain decoding (no draft to lose, no sync to pay)
+        if top != PLAIN and (best[top][1] < (1.0 + PLAIN_MARGIN) * best[PLAIN][1] or not self._repays_sync(top, best)):
+            top = PLAIN   # a toss-up (no draft to lose), or a sync the request's saving would not repay
         hi = best[top][1]
         share = self.explore_share(len(arms))
         for a in arms:
@@ -267,6 +261,13 @@ class Plan:
                 best[a] = (k, float(e[k] / t[k]), float(e[k]), float(t[k]))
         st.best = (key, best)
         return best
+
+    def _repays_sync(self, a: int, best: dict[int, tuple[int, float, float, float]]) -> bool:
+        """Whether arm a's saving over plain in the tokens the request has left covers its sync (Sync)."""
+        if self.n_predict is None or self.sync_gap(member_of(a)) <= 2:   # (1-2: drafting every step)
+            return True
+        left = self.n_predict - (self.hist_len - self.prompt_len if self.prompt_len is not None else 0)
+        return left * (1.0 / best[PLAIN][1] - 1.0 / best[a][1]) >= self._resync(member_of(a), best[a][0])
 
     def explore_share(self, n_arms: int) -> float:   # each arm not chosen: its share of the slot's budget
         return self.ctl.explore_budget / max(n_arms - 1, 1)
@@ -452,7 +453,7 @@ class SpecController(ControllerReports):
     cost_model: a saved model (``to_dict()`` of a CostModel, or a path to its JSON) to start from.
     sweep: (member or None, k) options tried in turn instead of deciding (``llama-spec tune``).
     ramp: after a full verification, the next cut of the same arm may be up to twice as long where
-        predicted within RAMP_KEEP of the best cut's rate (the module's Ramp).
+        predicted within RAMP_KEEP of the best cut's rate (the ramp, draft_length.py).
     request_prior: a request's survival starts from the shared counts capped at this many
         verifications per key (the module's Survival per request).
     """

@@ -25,6 +25,17 @@ and n-gram drafts run up to 48-64 tokens of which about half are kept; verifying
 prefix only is cheaper. Exactness is untouched: a prefix of a draft is itself a draft from the
 same q (drafts are drawn one position after another), and greedy output does not depend on the
 drafts at all. Until two batch sizes have been timed the proposal is not cut.
+
+The controller's ramp (``controller.Plan._cut``): when the arm's last verification kept all of its k
+drafts, the next cut of the same arm is the longest of k_best + 1 .. min(2 k, its length) predicted
+at >= ``RAMP_KEEP`` (0.95) of the best cut's rate, if any; ``RAMP_KEEP_COPIES`` (0.6) where the
+member's drafts in this band were kept whole ``CALIB_COPIES`` (1.25) x as often as the survival
+model predicted (``copies``: the calibration of S(k) at the cuts verified). Why: survival is per
+position and a cut censors the positions after it, so the prior rules there; but n-gram drafts are
+often copies, kept or lost together (an edit prompt's 44-token copy, all kept, was cut to 1-3 per
+step: 16.5 t/s, against 21.7 verifying it whole; session 12). The ramp reaches a long copy in a few
+steps, at a bounded price where drafts are lost one by one (the model's own assumption): 1-3 % in
+simulation.
 """
 
 from __future__ import annotations
