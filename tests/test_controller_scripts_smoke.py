@@ -32,3 +32,14 @@ def test_auto_requests_prints_each_requests_choices_in_order():
     assert "# request prior 2," in p.stdout
     for x in lines:   # every request decided its steps: plain steps and/or drafted ones, with lengths
         assert re.search(r"auto chose (plain \d+|\S+ \d+).*; k ", x), x
+
+
+def test_sync_check_runs_its_three_arms_interleaved_on_new_long_prompts():
+    p = _run([sys.executable, str(SCRIPTS / "sync_check.py"), "--target", "smollm2-135m", "--drafter",
+              "smollm2-135m", "--chars", "1200", "-n", "8", "--reps", "1", "-t", str(THREADS)])
+    runs = re.findall(r"^rep 0 (plain|auto blind|auto)\s+prompt (\d+) tokens: +[\d.]+ t/s", p.stdout, re.M)
+    assert [r[0] for r in runs] == ["plain", "auto", "auto blind", "auto blind", "auto", "plain"], p.stdout
+    assert all(int(n) > 200 for _, n in runs), runs   # long prompts (1,200 characters of source)
+    assert len({n for _, n in runs}) > 1, runs        # ... each one new
+    summary = re.findall(r"^(plain|auto blind|auto)\s+[\d.]+ .*\)\s+([\d.]+)$", p.stdout, re.M)
+    assert [s[0] for s in summary] == ["plain", "auto", "auto blind"] and summary[0][1] == "1.000", p.stdout
