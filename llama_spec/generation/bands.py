@@ -35,8 +35,8 @@ def shadow_exact(band: str, costly: bool) -> bool:
 @dataclass(frozen=True)
 class RequestView:
     """What a plan needs of its request, built once per request: band (``band_of``); n_predict: its
-    token budget (bounds one exploration's loss; None: unbounded); prompt_len: its history's length
-    at its first plan (with n_predict: the tokens it has left); argmax_band: the band of argmax
+    token budget (bounds one exploration's loss; None: unbounded); prompt_len: its prompt's length in
+    the history (with n_predict: the tokens it has left); argmax_band: the band of argmax
     drafts where it may choose the draft mode (``draft_modes_band``; None: as configured);
     sample: its configured draft mode; tree: its tree shape (the controller's tree arm), if any."""
 

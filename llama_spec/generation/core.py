@@ -533,7 +533,7 @@ class StepCore:
             auto.begin_request(s.slot.index)
             s.view = RequestView(band_of(p.greedy, p.temp, req.rule.name if req.switch else "exact-match"),
                                  req.n_predict, draft_modes_band(p.greedy, p.temp, req.rule.uses_q, req.switch),
-                                 req.switch, req.tree, len(history))
+                                 req.switch, req.tree, len(history) - len(s.em.tokens))
         plan = auto.plan(s.slot.index, k_cap, s.view, len(self._seqs), len(history),
                          lambda m: members[m].sync_need(history), tree_cap)
         if s.slot.group is None:   # (trees never have a group: a draft context per slot)
