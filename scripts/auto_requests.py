@@ -1,7 +1,9 @@
 """What the speculation controller chose in each request of a sequence like bench_auto's: code
 prompt 1 twice, prose 1 three times, code 2 twice, prose 2 three times, one auto generator (its
 controller learns from request to request, as in a server or a chat), n-gram pools reset before
-each request. One line per request: t/s and ``auto chose ...`` (plain steps, steps per member, k).
+each request. One line per request: t/s and ``auto chose ...`` (plain steps, steps per member, k)
+and the acceptance of what was verified. ``--sequence`` names another order, e.g. bench_auto's
+cells ``code1,prose1,edit1,code2,prose2,edit2`` (the auto arm's controller meets them in that order).
 
 Shows how many steps a request where the draft model loses drafts before turning to plain
 (the per-request prior, ``--request-prior``; issue 25).
@@ -21,6 +23,19 @@ import bench_auto  # noqa: E402
 from bench_spec import loadavg, machine_info  # noqa: E402
 
 
+def sequence(spec: str) -> list[tuple[str, str]]:
+    """'code1,prose2' -> [("code 1", text), ("prose 2", text)] (bench_auto's prompts)."""
+    ps = bench_auto.prompts(2)
+    out = []
+    for item in spec.split(","):
+        cls, i = item.strip()[:-1], int(item.strip()[-1])
+        texts = [t for c, t in ps if c == cls]
+        if not 1 <= i <= len(texts):
+            raise SystemExit(f"--sequence: no request {item!r} (code1..2, prose1..2, edit1..2)")
+        out.append((f"{cls} {i}", texts[i - 1]))
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--target", default=bench_auto.DEFAULT_TARGET)
@@ -29,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--request-prior", type=float, default=None, help="default: the controller's")
     ap.add_argument("-n", "--n-tokens", type=int, default=96)
     ap.add_argument("-t", "--threads", type=int, default=2)
+    ap.add_argument("--sequence", default=None,
+                    help="comma-separated requests: code1, prose2, edit1, ... (default: the sequence above)")
     a = ap.parse_args(argv)
     b = bench_auto.parse_args(["--fixed", "", "--native", "off", "--target", a.target, "--drafter", a.drafter,
                                "-t", str(a.threads)])
@@ -39,15 +56,15 @@ def main(argv: list[str] | None = None) -> int:
     if a.request_prior is not None:
         gen.controller.request_prior = a.request_prior
     print(f"# request prior {gen.controller.request_prior:g}, temp {a.temp}, {a.n_tokens} tokens")
-    ps = bench_auto.prompts(2)
-    code, prose = [t for c, t in ps if c == "code"], [t for c, t in ps if c == "prose"]
-    seq = [("code 1", code[0])] * 2 + [("prose 1", prose[0])] * 3 + [("code 2", code[1])] * 2 + [("prose 2", prose[1])] * 3
+    seq = sequence(a.sequence or "code1,code1,prose1,prose1,prose1,code2,code2,prose2,prose2,prose2")
     try:
         for name, text in seq:
             for pool in arms.pools["auto"]:
                 pool.reset()
             r = gen.generate(text, sampling=bench_auto.sampler(a.temp), n_predict=a.n_tokens, seed=1)
-            print(f"{name:8} {r.stats.decode_tps:5.1f} t/s  auto chose {r.stats.auto_summary()}", flush=True)
+            st = r.stats
+            print(f"{name:8} {st.decode_tps:5.1f} t/s  auto chose {st.auto_summary()}; "
+                  f"kept {st.accepted}/{st.drafted}", flush=True)
     finally:
         arms.close()
     return 0

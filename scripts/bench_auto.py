@@ -15,7 +15,8 @@ A B .. Z Z .. B A (repeated):
 * ``--auto-tree 2,1,1``: the auto arm's chain with that tree shape (its draft-simple member's trees
   are one more option of the controller), reported against plain, the oracle and auto;
 * ``--auto-ab explore_budget=0.02``: the auto arm again with one controller setting changed (an A/B
-  of a default, its own controller and cost model);
+  of a default, its own controller and cost model); ``p_min=0.75`` instead runs its requests with
+  that draft confidence floor (the draft model stops drafting below it, as native's ``--draft-p-min``);
 * native: ``llama-speculative-simple -m T -md D --spec-type draft-simple`` at its defaults (built like scripts/bench_native.py;
   ``--native off`` skips it, ``auto`` uses it only when it is built already).
 
@@ -96,10 +97,14 @@ class Arms:
         self.gens = {"plain": gen(None, 1, auto=False), "auto": gen(chain(a.auto_spec, a.n_max), 64, auto=True)}
         if a.auto_tree:   # the same chain, its draft-simple member's trees one more option
             self.gens["auto tree"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True, tree=a.auto_tree)
+        self.p_min: dict[str, float] = {}   # arm -> the requests' p_min (default 0)
         for variant in a.auto_ab:   # the controller with one setting changed: "auto explore_budget=0.02"
             name, value = variant.split("=")
             g = self.gens[f"auto {variant}"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True)
-            setattr(g.controller, name, type(getattr(g.controller, name))(value))
+            if name == "p_min":
+                self.p_min[f"auto {variant}"] = float(value)
+            else:
+                setattr(g.controller, name, type(getattr(g.controller, name))(value))
         for name in a.fixed:
             if name.startswith("draft-simple:"):
                 k = int(name.split(":")[1])
@@ -117,7 +122,8 @@ class Arms:
         if not self.keep_pools:   # every run a request never seen (the second run would copy the first)
             for pool in self.pools[arm]:
                 pool.reset()
-        r = self.gens[arm].generate(prompt, sampling=sampler(temp), n_predict=n, seed=seed)
+        r = self.gens[arm].generate(prompt, sampling=sampler(temp), n_predict=n, seed=seed,
+                                    p_min=self.p_min.get(arm, 0.0))
         return r.stats.decode_tps
 
     def close(self) -> None:

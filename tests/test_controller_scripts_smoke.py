@@ -31,7 +31,21 @@ def test_auto_requests_prints_each_requests_choices_in_order():
         ["code 1"] * 2 + ["prose 1"] * 3 + ["code 2"] * 2 + ["prose 2"] * 3), p.stdout
     assert "# request prior 2," in p.stdout
     for x in lines:   # every request decided its steps: plain steps and/or drafted ones, with lengths
-        assert re.search(r"auto chose (plain \d+|\S+ \d+).*; k ", x), x
+        assert re.search(r"auto chose (plain \d+|\S+ \d+).*; k .*; kept \d+/\d+$", x), x
+
+
+def test_auto_requests_sequence_names_bench_autos_prompts_and_refuses_unknown_ones():
+    import pytest
+    sys.path.insert(0, str(SCRIPTS))
+    import auto_requests
+    import bench_auto
+    ps = bench_auto.prompts(2)
+    got = auto_requests.sequence("edit2, code1,prose2")
+    assert [n for n, _ in got] == ["edit 2", "code 1", "prose 2"]
+    assert [t for _, t in got] == [ps[5][1], ps[0][1], ps[4][1]]
+    for bad in ("code3", "poem1", "edit0"):
+        with pytest.raises(SystemExit, match="--sequence"):
+            auto_requests.sequence(bad)
 
 
 def test_sync_check_runs_its_three_arms_interleaved_on_new_long_prompts():
@@ -43,3 +57,16 @@ def test_sync_check_runs_its_three_arms_interleaved_on_new_long_prompts():
     assert len({n for _, n in runs}) > 1, runs        # ... each one new
     summary = re.findall(r"^(plain|auto blind|auto)\s+[\d.]+ .*\)\s+([\d.]+)$", p.stdout, re.M)
     assert [s[0] for s in summary] == ["plain", "auto", "auto blind"] and summary[0][1] == "1.000", p.stdout
+
+
+def test_bench_auto_ab_runs_a_p_min_variant_beside_auto_and_reports_their_ratio(tmp_path):
+    out = tmp_path / "ab.json"
+    p = _run([sys.executable, str(SCRIPTS / "bench_auto.py"), "--quick", "--reps", "2", "--fixed", "", "--native", "off",
+              "--temps", "0.8", "--classes", "prose", "--per-class", "1", "-n", "12", "-t", str(THREADS),
+              "--auto-ab", "p_min=0.5", "--json", str(out)])
+    import json
+    rec = json.loads(out.read_text())["prompts"][0]
+    assert sorted(rec["runs"]) == ["auto", "auto p_min=0.5", "plain"], p.stdout
+    assert all(len(v) == 2 for v in rec["runs"].values())
+    assert abs(rec["auto_ab p_min=0.5"] - rec["tps"]["auto"] / rec["tps"]["auto p_min=0.5"]) < 1e-9
+    assert "auto / auto p_min=0.5: median" in p.stdout
