@@ -15,6 +15,7 @@ Shows how many steps a request where the draft model loses drafts before turning
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 from pathlib import Path
 
@@ -28,11 +29,11 @@ def sequence(spec: str) -> list[tuple[str, str]]:
     ps = bench_auto.prompts(2)
     out = []
     for item in spec.split(","):
-        cls, i = item.strip()[:-1], int(item.strip()[-1])
-        texts = [t for c, t in ps if c == cls]
-        if not 1 <= i <= len(texts):
+        m = re.fullmatch(r"(code|prose|edit)([12])", item.strip())
+        if m is None:
             raise SystemExit(f"--sequence: no request {item!r} (code1..2, prose1..2, edit1..2)")
-        out.append((f"{cls} {i}", texts[i - 1]))
+        cls, i = m[1], int(m[2])
+        out.append((f"{cls} {i}", [t for c, t in ps if c == cls][i - 1]))
     return out
 
 

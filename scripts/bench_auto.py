@@ -15,8 +15,9 @@ A B .. Z Z .. B A (repeated):
 * ``--auto-tree 2,1,1``: the auto arm's chain with that tree shape (its draft-simple member's trees
   are one more option of the controller), reported against plain, the oracle and auto;
 * ``--auto-ab explore_budget=0.02``: the auto arm again with one controller setting changed (an A/B
-  of a default, its own controller and cost model); ``p_min=0.75`` instead runs its requests with
-  that draft confidence floor (the draft model stops drafting below it, as native's ``--draft-p-min``);
+  of a default, its own controller and cost model); a numeric keyword of ``generate`` instead goes
+  to its requests: ``p_min=0.75``, a draft confidence floor (the draft model stops drafting below it,
+  as native's ``--draft-p-min``);
 * native: ``llama-speculative-simple -m T -md D --spec-type draft-simple`` at its defaults (built like scripts/bench_native.py;
   ``--native off`` skips it, ``auto`` uses it only when it is built already).
 
@@ -38,6 +39,7 @@ a prompt drafts from its first run's output.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import math
 import shlex
@@ -69,6 +71,16 @@ def prompts(n_per_class: int) -> list[tuple[str, str]]:
     return out
 
 
+def ab_setting(gen, name: str, value: str) -> dict[str, float]:
+    """One --auto-ab setting of gen: a numeric keyword of its requests (returned, for generate), else an
+    attribute of its controller (set here, in the type of the attribute's default)."""
+    param = inspect.signature(type(gen).stream).parameters.get(name)
+    if param is not None and isinstance(param.default, (int, float)) and not isinstance(param.default, bool):
+        return {name: type(param.default)(value)}
+    setattr(gen.controller, name, type(getattr(gen.controller, name))(value))
+    return {}
+
+
 class Arms:
     """The models and one generator per arm (built once; the auto arm's controller persists)."""
 
@@ -97,14 +109,11 @@ class Arms:
         self.gens = {"plain": gen(None, 1, auto=False), "auto": gen(chain(a.auto_spec, a.n_max), 64, auto=True)}
         if a.auto_tree:   # the same chain, its draft-simple member's trees one more option
             self.gens["auto tree"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True, tree=a.auto_tree)
-        self.p_min: dict[str, float] = {}   # arm -> the requests' p_min (default 0)
-        for variant in a.auto_ab:   # the controller with one setting changed: "auto explore_budget=0.02"
+        self.request_kw: dict[str, dict[str, float]] = {}   # arm -> keywords of its requests
+        for variant in a.auto_ab:   # one setting changed: "auto explore_budget=0.02", "auto p_min=0.75"
             name, value = variant.split("=")
             g = self.gens[f"auto {variant}"] = gen(chain(a.auto_spec, a.n_max), 64, auto=True)
-            if name == "p_min":
-                self.p_min[f"auto {variant}"] = float(value)
-            else:
-                setattr(g.controller, name, type(getattr(g.controller, name))(value))
+            self.request_kw[f"auto {variant}"] = ab_setting(g, name, value)
         for name in a.fixed:
             if name.startswith("draft-simple:"):
                 k = int(name.split(":")[1])
@@ -123,7 +132,7 @@ class Arms:
             for pool in self.pools[arm]:
                 pool.reset()
         r = self.gens[arm].generate(prompt, sampling=sampler(temp), n_predict=n, seed=seed,
-                                    p_min=self.p_min.get(arm, 0.0))
+                                    **self.request_kw.get(arm, {}))
         return r.stats.decode_tps
 
     def close(self) -> None:

@@ -3,9 +3,11 @@ tokens): the structure of what they print, not the speed (tests/test_bench_smoke
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 
+import pytest
 from conftest import THREADS
 from test_bench_smoke import SCRIPTS, _run
 
@@ -34,16 +36,15 @@ def test_auto_requests_prints_each_requests_choices_in_order():
         assert re.search(r"auto chose (plain \d+|\S+ \d+).*; k .*; kept \d+/\d+$", x), x
 
 
-def test_auto_requests_sequence_names_bench_autos_prompts_and_refuses_unknown_ones():
-    import pytest
-    sys.path.insert(0, str(SCRIPTS))
+def test_auto_requests_sequence_names_bench_autos_prompts_and_refuses_unknown_ones(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
     import auto_requests
     import bench_auto
     ps = bench_auto.prompts(2)
     got = auto_requests.sequence("edit2, code1,prose2")
     assert [n for n, _ in got] == ["edit 2", "code 1", "prose 2"]
     assert [t for _, t in got] == [ps[5][1], ps[0][1], ps[4][1]]
-    for bad in ("code3", "poem1", "edit0"):
+    for bad in ("code3", "poem1", "edit0", "code", ""):
         with pytest.raises(SystemExit, match="--sequence"):
             auto_requests.sequence(bad)
 
@@ -64,9 +65,27 @@ def test_bench_auto_ab_runs_a_p_min_variant_beside_auto_and_reports_their_ratio(
     p = _run([sys.executable, str(SCRIPTS / "bench_auto.py"), "--quick", "--reps", "2", "--fixed", "", "--native", "off",
               "--temps", "0.8", "--classes", "prose", "--per-class", "1", "-n", "12", "-t", str(THREADS),
               "--auto-ab", "p_min=0.5", "--json", str(out)])
-    import json
     rec = json.loads(out.read_text())["prompts"][0]
     assert sorted(rec["runs"]) == ["auto", "auto p_min=0.5", "plain"], p.stdout
     assert all(len(v) == 2 for v in rec["runs"].values())
     assert abs(rec["auto_ab p_min=0.5"] - rec["tps"]["auto"] / rec["tps"]["auto p_min=0.5"]) < 1e-9
     assert "auto / auto p_min=0.5: median" in p.stdout
+
+
+def test_an_ab_setting_goes_to_the_requests_where_generate_takes_it_else_to_the_controller(monkeypatch):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_auto
+
+    from llama_spec import SpeculativeGenerator
+    from llama_spec.generation.controller import SpecController
+
+    class Gen:   # the real generator's request keywords, a real controller
+        stream = SpeculativeGenerator.stream
+        controller = SpecController()
+
+    g = Gen()
+    assert bench_auto.ab_setting(g, "p_min", "0.75") == {"p_min": 0.75}
+    assert bench_auto.ab_setting(g, "explore_budget", "0.02") == {}
+    assert g.controller.explore_budget == 0.02
+    with pytest.raises(AttributeError):
+        bench_auto.ab_setting(g, "no_such_setting", "1")
