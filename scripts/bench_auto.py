@@ -204,7 +204,7 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
         rec["auto_tree_plain"] = tps["auto tree"] / tps["plain"]
         rec["auto_tree_oracle"] = tps["auto tree"] / max(tps[oracle], tps["plain"])
         rec["auto_tree_auto"] = tps["auto tree"] / tps["auto"]
-    nat = f", /native {rec['auto_native']:.2f}" if "native" in rec else ""
+    nat = f", /native {rec['auto_native']:.2f}" if "auto_native" in rec else ""
     if "auto tree" in tps:
         nat += (f"; auto tree {tps['auto tree']:6.1f}: /plain {rec['auto_tree_plain']:.2f}, "
                 f"/oracle {rec['auto_tree_oracle']:.2f}, /auto {rec['auto_tree_auto']:.2f}")

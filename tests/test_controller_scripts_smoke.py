@@ -89,3 +89,24 @@ def test_an_ab_setting_goes_to_the_requests_where_generate_takes_it_else_to_the_
     assert g.controller.explore_budget == 0.02
     with pytest.raises(AttributeError):
         bench_auto.ab_setting(g, "no_such_setting", "1")
+
+
+def test_bench_auto_prints_each_prompts_ratio_to_native(monkeypatch, capsys):
+    monkeypatch.syspath_prepend(str(SCRIPTS))
+    import bench_auto
+
+    class FakeArms:   # fixed speeds: plain 10, auto 12, one fixed arm 11; native 8
+        gens = {"plain": None, "auto": None, "ngram-simple": None}
+
+        def run(self, arm, text, temp, n, seed):
+            return {"plain": 10.0, "auto": 12.0, "ngram-simple": 11.0}[arm]
+
+        target_path = draft_path = SCRIPTS
+
+    monkeypatch.setattr(bench_auto, "run_native", lambda cmd, text: {"tps": 8.0})
+    a = bench_auto.parse_args(["--reps", "2", "--fixed", "ngram-simple"])
+    rec = bench_auto.run_prompt(FakeArms(), SCRIPTS / "llama-speculative-simple", a, "code", "def f():", 0.0, 1)
+    assert rec["auto_native"] == 1.5 and rec["auto_plain"] == 1.2 and rec["oracle"] == "ngram-simple"
+    assert rec["runs"]["native"] == [8.0, 8.0]
+    line = capsys.readouterr().out
+    assert "auto/plain 1.20" in line and "/oracle 1.09" in line and "/native 1.50" in line, line
