@@ -26,6 +26,9 @@ THREADS = max(1, os.cpu_count() or 1)
 # machine's load. The suite runs the fixed configurations (auto off, today's behaviour exactly)
 # unless a test asks for auto=True / --spec-auto (tests/test_controller*.py do); subprocesses inherit it.
 os.environ.setdefault("LLAMA_SPEC_AUTO", "0")
+# ... and a CLI run under --spec-auto starts cold: no cost model saved by another test (or by the
+# user's own runs in ~/.cache) decides for it (tests/test_cost_cache.py turns the cache on).
+os.environ.setdefault("LLAMA_SPEC_COST_CACHE", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -110,3 +110,16 @@ def test_bench_auto_prints_each_prompts_ratio_to_native(monkeypatch, capsys):
     assert rec["runs"]["native"] == [8.0, 8.0]
     line = capsys.readouterr().out
     assert "auto/plain 1.20" in line and "/oracle 1.09" in line and "/native 1.50" in line, line
+
+
+def test_cold_start_runs_fresh_cli_processes_with_the_auto_arm_warm_and_the_cold_arm_cold(tmp_path):
+    out = tmp_path / "cold.json"
+    p = _run([sys.executable, str(SCRIPTS / "cold_start.py"), "--target", "smollm2-135m", "--drafter", "smollm2-135m",
+              "--arms", "plain,auto cold,auto", "--classes", "code", "--per-class", "1", "--temps", "0",
+              "--runs", "2", "-n", "8", "-t", str(THREADS), "--cache-dir", str(tmp_path / "cache"),
+              "--json", str(out)])
+    rec = json.loads(out.read_text())["prompts"][0]
+    assert {k: len(v) for k, v in rec["runs"].items()} == {"plain": 2, "auto cold": 2, "auto": 2}
+    assert rec["warm"] == {"plain": [False, False], "auto cold": [False, False], "auto": [True, True]}
+    assert set(rec["over_plain"]) == {"auto cold", "auto"} and "auto/plain" in p.stdout
+    assert list((tmp_path / "cache").glob("*.json"))   # the auto arm's cache, kept with --cache-dir

@@ -10,12 +10,16 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from .. import __version__
 from ..drafters.base import Drafter
 from ..drafters.chain import ChainDrafter
 from ..drafters.draft_batch import DraftSimpleFactory
 from ..drafters.draft_model import DraftModelDrafter
 from ..drafters.mtp import MtpDrafter
 from ..drafters.ngram import NGRAM_CLI_FLAGS, NGRAM_SPEC_TYPES, build_ngram_drafter, parse_spec_types
+from ..env import default_threads, env_flag
+from ..generation.controller import ENV_AUTO
+from ..generation.cost_cache import cache_path, file_id, load_cached, save_cached
 from ..generation.solo import N_MAX_LIMIT, SpeculativeGenerator
 from ..llama.grammar import json_schema_to_grammar
 from ..llama.model import Model
@@ -151,12 +155,47 @@ def build_generator(ns: argparse.Namespace) -> tuple[SpeculativeGenerator, TopKS
     return gen, _topk_stats(ns, gen)
 
 
-def auto_args(ns: argparse.Namespace) -> dict[str, Any]:
-    """auto and cost_model of a generator from --spec-auto / --spec-cost-model."""
+def auto_args(ns: argparse.Namespace, cache: bool = True) -> dict[str, Any]:
+    """auto and cost_model of a generator from --spec-auto / --spec-cost-model, else (with `cache`)
+    the cost model an earlier run with the same setup left in the cache (generation/cost_cache.py)."""
     auto, path = getattr(ns, "spec_auto", None), getattr(ns, "spec_cost_model", None)
     if path is not None and auto is False:
         raise ValueError("--spec-cost-model is the --spec-auto controller's: not with --no-spec-auto")
-    return {"auto": auto, "cost_model": path}
+    if path is not None or not cache or not (env_flag(ENV_AUTO, True) if auto is None else auto):
+        return {"auto": auto, "cost_model": path}
+    file = cost_cache_file(ns)
+    data, why = load_cached(file)
+    if why is not None:
+        print(f"llama-spec: warning: cost-model cache {why}", file=sys.stderr)
+    elif data is not None:
+        print(f"llama-spec: auto starts from the costs earlier runs measured ({file}; "
+              "LLAMA_SPEC_COST_CACHE=0: start cold)", file=sys.stderr)
+    return {"auto": auto, "cost_model": data}
+
+
+def cost_cache_file(ns: argparse.Namespace) -> Path | None:
+    """The cost-model cache file of this setup: the models, drafters and every flag that changes a
+    decode's or a draft's cost (None: no speculation, or the cache is off)."""
+    types = spec_types(ns)
+    if not types:
+        return None
+    draft = file_id(resolve_model(ns.model_draft)) if "draft-simple" in types else None
+    knobs = {flag: getattr(ns, flag.lstrip("-").replace("-", "_"), None) for flag in NGRAM_CLI_FLAGS}
+    flags = [getattr(ns, k, None) for k in (
+        "threads", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "rpc", "no_repack", "flash_attn",
+        "cache_type_k", "cache_type_v", "batch_size", "ubatch_size", "spec_draft_device", "spec_draft_tree")]
+    flags[0] = flags[0] or default_threads()
+    return cache_path([__version__, file_id(resolve_model(ns.model)), draft, types,
+                       spec_n_max(ns, types), knobs, flags])
+
+
+def save_cost_cache(ns: argparse.Namespace, gen: SpeculativeGenerator) -> None:
+    """After a run: the controller's costs and survival into the cache, for the next run."""
+    if gen.controller is None or not gen.controller.choices:
+        return   # (no controller, or it decided nothing: nothing measured)
+    why = save_cached(gen.controller, cost_cache_file(ns))
+    if why is not None:
+        print(f"llama-spec: warning: cost-model cache {why}", file=sys.stderr)
 
 
 def _topk_stats(ns: argparse.Namespace, gen: SpeculativeGenerator) -> TopKStats | None:

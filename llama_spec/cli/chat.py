@@ -83,7 +83,7 @@ def _turn(gen: SpeculativeGenerator, messages: list[dict[str, str]], ns: argpars
 def run(ns: argparse.Namespace) -> int:
     """``llama-spec chat``: one-shot with ``-p``, else a REPL on stdin (``/exit``, ``/reset``)."""
     from ..models.hub import resolve_hf
-    from .build import build_generator, finish_topk, sampling_params
+    from .build import build_generator, finish_topk, sampling_params, save_cost_cache
 
     if getattr(ns, "hf_repo", None):
         ns.model = str(resolve_hf(ns.hf_repo))
@@ -131,5 +131,6 @@ def run(ns: argparse.Namespace) -> int:
             history.append(msg)
         return 0
     finally:
+        save_cost_cache(ns, gen)
         finish_topk(ns, topk)
         gen.close()

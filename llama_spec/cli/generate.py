@@ -26,7 +26,7 @@ def add_parser(sub: Any) -> None:
 
 def run(ns: argparse.Namespace) -> int:
     """Stream the generated text to stdout, then the run's counters to stderr."""
-    from .build import build_generator, finish_topk, sampling_params
+    from .build import build_generator, finish_topk, sampling_params, save_cost_cache
 
     gen, topk = build_generator(ns)
     prompt = ns.prompt if ns.prompt is not None else Path(ns.file).read_text()
@@ -52,6 +52,7 @@ def run(ns: argparse.Namespace) -> int:
         sys.stdout.flush()
         raise
     res = out[0]
+    save_cost_cache(ns, gen)
     sys.stdout.write(res.text[written:] + "\n")
     st = res.stats
     rule = "none" if gen.drafter is None else res.verify

@@ -73,7 +73,8 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
     closers: list[Callable[[], None]] = [target.close]
     factory, draft_closers = drafter_factory(ns, target, types)
     closers[:0] = draft_closers  # the draft model is freed before the target
-    n_max, ctx_opts, auto = spec_n_max(ns, types), context_options(ns), auto_args(ns)
+    n_max, ctx_opts, auto = spec_n_max(ns, types), context_options(ns), auto_args(ns, cache=False)
+    # (the server learns as it runs: it neither reads nor writes the CLI's cost-model cache)
     tree = getattr(ns, "spec_draft_tree", None)
     if tree and isinstance(factory, SlotFactory):
         factory = factory.__call__  # a tree branches the draft KV: a draft context per slot, not a shared one
