@@ -39,7 +39,7 @@ ARMS = ("plain", "fixed", "auto cold", "auto")
 def arm_args(arm: str, target: Path, draft: Path) -> list[str]:
     if arm == "plain":
         return ["-m", str(target)]
-    more = ["--no-spec-auto"] if arm == "fixed" else []
+    more = ["--no-spec-auto"] if arm == "fixed" else ["--spec-auto"]   # (whatever LLAMA_SPEC_AUTO says)
     return ["-m", str(target), "-md", str(draft), *more]
 
 

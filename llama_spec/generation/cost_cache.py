@@ -16,6 +16,7 @@ cannot be written too: the cache is an optimisation, never a reason to fail.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -97,6 +98,7 @@ def save_cached(ctl: SpecController, path: Path | None) -> str | None:
         ctl.save(tmp)
         os.replace(tmp, path)
     except OSError as e:
-        tmp.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):   # (where the folder could not be made, neither can this)
+            tmp.unlink(missing_ok=True)
         return f"{path}: not written ({e.__class__.__name__}: {e})"
     return None
