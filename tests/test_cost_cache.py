@@ -79,6 +79,15 @@ def test_a_second_cli_run_starts_from_the_first_runs_costs(smollm_path, monkeypa
     cache = tmp_path / "cache"
     monkeypatch.setenv(ENV_COST_CACHE, str(cache))
     args = [*_GEN, "-t", str(THREADS)]
+    at_start: list[tuple[bool, bool, list]] = []   # per run: (given a model, knows the draft cost, survival)
+    init = SpecController.__init__
+
+    def spy(self, *a, **kw):
+        init(self, *a, **kw)
+        at_start.append((kw.get("cost_model") is not None, "draft-simple" in self.cost.draft_lines,
+                         [row[0] for row in self.accept.export()]))
+
+    monkeypatch.setattr(SpecController, "__init__", spy)
 
     def run(tag: str) -> tuple[dict, str]:
         stats = tmp_path / f"{tag}.json"
@@ -86,15 +95,16 @@ def test_a_second_cli_run_starts_from_the_first_runs_costs(smollm_path, monkeypa
         return json.loads(stats.read_text()), capsys.readouterr().err
 
     first, err = run("first")
-    assert "auto starts from" not in err
+    assert "auto starts from" not in err and at_start[0] == (False, False, [])
     # cold: the draft model's first turns draft at full length whatever they would pay
     assert first["drafted"] >= 2, err
     assert len(list(cache.glob("*.json"))) == 1
     second, err = run("second")
     assert "auto starts from the costs earlier runs measured" in err, err
-    # the model drafting for itself never pays (its draft costs a target step): measured before,
-    # no cold turns, and no try within the first 16 steps (explore_every)
-    assert second["drafted"] == 0 and set(second["auto"]["chosen"]) == {"plain"}, err
+    # the second controller knows the draft model's cost and its kept drafts before its first step, so it
+    # owes the model no cold turns (what it then chooses is timed: not asserted)
+    given, knows_cost, survival = at_start[1]
+    assert given and knows_cost and ["draft-simple", "greedy", False] in survival, at_start
     assert second["tokens"] == first["tokens"]   # greedy: the same text whatever was chosen
 
 
@@ -106,3 +116,21 @@ def test_no_cache_is_read_or_written_when_it_is_off(smollm_path, monkeypatch, tm
     assert main([*_GEN, "-t", str(THREADS)]) == 0
     assert "auto starts from" not in capsys.readouterr().err
     assert not list(tmp_path.rglob("*.json"))
+
+
+def test_a_model_file_gone_after_the_run_is_a_warning_not_a_crash(monkeypatch, tmp_path, capsys):
+    from types import SimpleNamespace
+
+    from llama_spec.cli import build_parser
+    from llama_spec.cli.build import save_cost_cache
+
+    monkeypatch.setenv(ENV_COST_CACHE, str(tmp_path / "cache"))
+    model = tmp_path / "m.gguf"
+    model.write_bytes(b"GGUF")
+    ns = build_parser().parse_args(["generate", "-m", str(model), "-md", str(model), "-p", "x"])
+    ctl = _ctl_with_costs()
+    ctl.choices["plain"] = 3
+    model.unlink()   # (deleted while the run went on)
+    save_cost_cache(ns, SimpleNamespace(controller=ctl))
+    assert "warning: cost-model cache not written" in capsys.readouterr().err
+    assert not (tmp_path / "cache").exists()

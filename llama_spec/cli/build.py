@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -184,6 +185,7 @@ def cost_cache_file(ns: argparse.Namespace) -> Path | None:
     flags = [getattr(ns, k, None) for k in (
         "threads", "n_gpu_layers", "split_mode", "tensor_split", "main_gpu", "rpc", "no_repack", "flash_attn",
         "cache_type_k", "cache_type_v", "batch_size", "ubatch_size", "spec_draft_device", "spec_draft_tree")]
+    flags += [os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")]   # (which GPUs)
     flags[0] = flags[0] or default_threads()
     return cache_path([__version__, file_id(resolve_model(ns.model)), draft, types,
                        spec_n_max(ns, types), knobs, flags])
@@ -193,7 +195,10 @@ def save_cost_cache(ns: argparse.Namespace, gen: SpeculativeGenerator) -> None:
     """After a run: the controller's costs and survival into the cache, for the next run."""
     if gen.controller is None or not gen.controller.choices:
         return   # (no controller, or it decided nothing: nothing measured)
-    why = save_cached(gen.controller, cost_cache_file(ns))
+    try:
+        why = save_cached(gen.controller, cost_cache_file(ns))
+    except (OSError, ValueError) as e:   # (a model file gone since it was loaded: no key to save under)
+        why = f"not written ({e.__class__.__name__}: {e})"
     if why is not None:
         print(f"llama-spec: warning: cost-model cache {why}", file=sys.stderr)
 
