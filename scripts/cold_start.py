@@ -73,7 +73,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runs", type=int, default=4, help="runs per arm and prompt (even: A B B A)")
     ap.add_argument("-t", "--threads", type=int, default=2)
     ap.add_argument("--seed", type=int, default=42)
-    ap.add_argument("--cache-dir", default=None, help="the auto arm's cost-model cache (default: a temporary one)")
+    ap.add_argument("--cache-dir", default=None,
+                    help="the auto arm's cost-model cache, empty or absent; kept (default: a temporary one)")
     ap.add_argument("--json", default=None, metavar="FILE")
     a = ap.parse_args(argv)
     arms = [x for x in a.arms.split(",") if x]
@@ -88,9 +89,11 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {info['cpu']}, {info['cores']} cores; {loadavg()}", file=sys.stderr)
     print(f"# {target.name} <- {draft.name}; arms: {', '.join(arms)}; {a.n_tokens} tokens, -t {a.threads}, "
           f"a fresh process per run", file=sys.stderr)
+    # (a folder of the user's is never emptied: it must be empty or absent, as the measurement needs)
     cache_dir = Path(a.cache_dir) if a.cache_dir else Path(tempfile.mkdtemp(prefix="llama-spec-cost-"))
-    shutil.rmtree(cache_dir, ignore_errors=True)
-    cache_dir.mkdir(parents=True)
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    if any(cache_dir.iterdir()):
+        ap.error(f"--cache-dir {cache_dir}: not empty (the auto arm must start from its own runs only)")
     if "auto" in arms:   # one short run writes the cache the auto arm's first run starts from
         run_cli("auto", a, target, draft, "def f(x):", 0.0, 1, cache_dir, n=16)
     recs = []
