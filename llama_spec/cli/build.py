@@ -11,7 +11,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .. import __version__
 from ..drafters.base import Drafter
 from ..drafters.chain import ChainDrafter
 from ..drafters.draft_batch import DraftSimpleFactory
@@ -187,7 +186,7 @@ def cost_cache_file(ns: argparse.Namespace) -> Path | None:
         "cache_type_k", "cache_type_v", "batch_size", "ubatch_size", "spec_draft_device", "spec_draft_tree")]
     flags += [os.environ.get(v) for v in ("CUDA_VISIBLE_DEVICES", "HIP_VISIBLE_DEVICES")]   # (which GPUs)
     flags[0] = flags[0] or default_threads()
-    return cache_path([__version__, file_id(resolve_model(ns.model)), draft, types,
+    return cache_path([file_id(resolve_model(ns.model)), draft, types,
                        spec_n_max(ns, types), knobs, flags])
 
 

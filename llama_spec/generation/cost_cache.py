@@ -22,6 +22,7 @@ import json
 import os
 import platform
 from collections.abc import Sequence
+from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,9 +61,17 @@ def file_id(path: os.PathLike[str] | str) -> list[Any]:
     return [str(p), st.st_size, st.st_mtime_ns]
 
 
+def package_version() -> str:
+    """llama-spec's installed version (a new one may decode at other costs: a new file)."""
+    try:
+        return metadata.version("llama-spec")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
 def cache_key(parts: Sequence[Any]) -> str:
-    """A file name for the setup `parts` (JSON-serialisable): a digest of them and the CPU."""
-    blob = json.dumps([cpu_name(), platform.machine(), *parts], sort_keys=True, default=str)
+    """A file name for the setup `parts` (JSON-serialisable): a digest of them, the CPU and the version."""
+    blob = json.dumps([cpu_name(), platform.machine(), package_version(), *parts], sort_keys=True, default=str)
     return hashlib.sha256(blob.encode()).hexdigest()[:32] + ".json"
 
 
