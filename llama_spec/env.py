@@ -8,6 +8,12 @@ _TRUE = ("1", "true", "on", "yes")
 _FALSE = ("0", "false", "off", "no")
 
 
+def parse_flag(value: str) -> bool | None:
+    """1/true/on/yes -> True, 0/false/off/no -> False (any case, spaces ignored), else None."""
+    v = value.strip().lower()
+    return True if v in _TRUE else False if v in _FALSE else None
+
+
 def env_flag(name: str, default: bool) -> bool:
     """Read a boolean environment switch: 1/true/on/yes or 0/false/off/no (any case).
 
@@ -16,12 +22,17 @@ def env_flag(name: str, default: bool) -> bool:
     raw = os.environ.get(name)
     if raw is None or raw.strip() == "":
         return default
-    v = raw.strip().lower()
-    if v in _TRUE:
-        return True
-    if v in _FALSE:
-        return False
-    raise ValueError(f"environment variable {name}={raw!r}: expected one of {'/'.join(_TRUE + _FALSE)}")
+    flag = parse_flag(raw)
+    if flag is None:
+        raise ValueError(f"environment variable {name}={raw!r}: expected one of {'/'.join(_TRUE + _FALSE)}")
+    return flag
+
+
+def env_value_or_off(name: str) -> str | None:
+    """A variable that is a value or a switch: None where it says off (0/false/off/no), else its
+    stripped value ("" when unset or blank: the caller's default)."""
+    raw = os.environ.get(name, "").strip()
+    return None if parse_flag(raw) is False else raw
 
 
 ENV_THREADS = "LLAMA_SPEC_THREADS"

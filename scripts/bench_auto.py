@@ -53,6 +53,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_native import run_native  # noqa: E402
 from bench_spec import DEFAULT_DRAFTER, DEFAULT_TARGET, loadavg, machine_info, resolve, sampler, write_json  # noqa: E402
 
+from llama_spec.env import parse_flag  # noqa: E402
+
 HERE = Path(__file__).resolve().parent
 FIXED_DRAFT = [f"draft-simple:{k}" for k in range(1, 6)]
 FIXED_NGRAM = ["ngram-simple", "ngram-map-k", "ngram-mod"]
@@ -77,7 +79,14 @@ def ab_setting(gen, name: str, value: str) -> dict[str, float]:
     param = inspect.signature(type(gen).stream).parameters.get(name)
     if param is not None and isinstance(param.default, (int, float)) and not isinstance(param.default, bool):
         return {name: type(param.default)(value)}
-    setattr(gen.controller, name, type(getattr(gen.controller, name))(value))
+    default = getattr(gen.controller, name)
+    if isinstance(default, bool):   # (bool("False") is True)
+        flag = parse_flag(value)
+        if flag is None:
+            raise SystemExit(f"--auto-ab {name}={value}: expected a switch (1/0, true/false, on/off)")
+        setattr(gen.controller, name, flag)
+    else:
+        setattr(gen.controller, name, type(default)(value))
     return {}
 
 

@@ -41,10 +41,11 @@ def test_auto_requests_sequence_names_bench_autos_prompts_and_refuses_unknown_on
     import auto_requests
     import bench_auto
     ps = bench_auto.prompts(2)
-    got = auto_requests.sequence("edit2, code1,prose2")
-    assert [n for n, _ in got] == ["edit 2", "code 1", "prose 2"]
-    assert [t for _, t in got] == [ps[5][1], ps[0][1], ps[4][1]]
-    for bad in ("code3", "poem1", "edit0", "code", ""):
+    got = auto_requests.sequence("edit2, code1@0.8,prose2", 0.3)
+    assert [n for n, _, _ in got] == ["edit 2", "code 1", "prose 2"]
+    assert [t for _, t, _ in got] == [ps[5][1], ps[0][1], ps[4][1]]
+    assert [temp for _, _, temp in got] == [0.3, 0.8, 0.3]   # an item's @T, else the default
+    for bad in ("code3", "poem1", "edit0", "code", "", "code1@", "code1@x"):
         with pytest.raises(SystemExit, match="--sequence"):
             auto_requests.sequence(bad)
 
@@ -87,6 +88,9 @@ def test_an_ab_setting_goes_to_the_requests_where_generate_takes_it_else_to_the_
     assert bench_auto.ab_setting(g, "p_min", "0.75") == {"p_min": 0.75}
     assert bench_auto.ab_setting(g, "explore_budget", "0.02") == {}
     assert g.controller.explore_budget == 0.02
+    assert bench_auto.ab_setting(g, "borrow_bands", "0") == {} and g.controller.borrow_bands is False   # not bool("0")
+    with pytest.raises(SystemExit, match="borrow_bands"):
+        bench_auto.ab_setting(g, "borrow_bands", "maybe")
     with pytest.raises(AttributeError):
         bench_auto.ab_setting(g, "no_such_setting", "1")
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from llama_spec.generation import controller
+from llama_spec.generation import arms, controller
 from llama_spec.generation.controller import RequestView, SpecController
 from llama_spec.kernels.tree_shape import tree_node_count
 
@@ -105,10 +105,12 @@ def test_the_tree_steps_aside_where_its_rows_cost_more_than_they_keep(seed):
     assert tok / sec >= 0.92 * rate, (tok / sec, rate)
 
 
-def test_broken_variant_pricing_the_tree_by_its_depth_picks_it_and_loses(monkeypatch):
+def test_broken_variant_pricing_the_tree_by_its_depth_picks_it_and_loses(monkeypatch, request):
     """The power of the test above: priced like a chain of its depth (1 + d rows, not 1 + nodes),
     the tree looks 5 % faster than the chain (32.0 vs 30.4 t/s) and is chosen, and loses."""
-    monkeypatch.setattr(controller, "tree_node_count", lambda shape: len(shape))
+    monkeypatch.setattr(arms, "tree_node_count", lambda shape: len(shape))
+    arms.tree_rows.cache_clear()   # (cached per shape: cleared again after, for the tests that follow)
+    request.addfinalizer(arms.tree_rows.cache_clear)
     _, rate = best_fixed(**DEAR_ROWS)
     tok, sec, ch = simulate(SpecController(), 600, seed=0, **DEAR_ROWS)
     late = ch[100:]

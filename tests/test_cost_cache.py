@@ -28,8 +28,9 @@ def _ctl_with_costs() -> SpecController:
 
 
 def test_the_cache_folder_follows_the_environment(monkeypatch, tmp_path):
-    monkeypatch.setenv(ENV_COST_CACHE, "0")
-    assert cost_cache_dir() is None and cache_path(["x"]) is None
+    for off in ("0", " Off ", "false", "NO"):   # (env.py's words for off, any case)
+        monkeypatch.setenv(ENV_COST_CACHE, off)
+        assert cost_cache_dir() is None and cache_path(["x"]) is None
     monkeypatch.setenv(ENV_COST_CACHE, str(tmp_path))
     assert cost_cache_dir() == tmp_path
     a, b = cache_path(["model", 2]), cache_path(["model", 4])

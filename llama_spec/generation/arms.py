@@ -22,12 +22,16 @@ for every shape, and a choice uses only the past.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Any
 
+import numpy as np
+
+from ..kernels.tree_shape import tree_node_count
 from .draft_length import DraftLengthController
 
 __all__ = ["PLAIN", "TREE", "Choice", "SlotState", "arm_of", "is_argmax", "is_tree", "member_of", "tree_arm",
-           "tree_name"]
+           "tree_name", "tree_rows"]
 
 PLAIN = -1   # the plain arm's index among a slot's arms; member m's argmax mode: arm -(m + 2)
 TREE = -1_000_000   # member m's tree arm: TREE - m
@@ -97,3 +101,12 @@ class SlotState:
     plan: Any = None   # its current controller.Plan (Any: arms.py imports nothing of the controller's)
     local: DraftLengthController | None = None   # the request's survival (SpecController.begin_request)
     best: tuple[Any, dict[int, tuple[int, float, float, float]]] | None = None   # (key, Plan._best)
+
+
+@lru_cache(maxsize=64)
+def tree_rows(shape: tuple[int, ...]) -> np.ndarray:
+    """Nodes of `shape` cut to depth 0 .. len(shape) (the target rows of a depth d tree, minus 1),
+    read only; computed once per shape (a plan asks every step)."""
+    rows = np.array([tree_node_count(shape[:j]) for j in range(len(shape) + 1)])
+    rows.flags.writeable = False
+    return rows

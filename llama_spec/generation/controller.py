@@ -37,6 +37,9 @@ kept), a prior of 4 still drafted 3-6 losing steps per prose request (0.95x plai
 counts hardly learn from such requests (a request that turns to plain verifies little), so every
 request must learn it again, from its own first verification.
 
+Survival across bands (``borrow_bands``): a band new to a member starts from its other bands, so
+it has no cold turns there (bands.py says why).
+
 A costly arm is chosen over plain only when predicted ``PLAIN_MARGIN`` (5 %) faster: its
 estimate is an average over drafts lost and kept, plain's is certain, and at a toss-up the model's
 errors decide (at temp 0.8 on 2 cores, argmax drafts of the 0.5B predicted ~4 % faster than plain
@@ -49,8 +52,8 @@ that sync (``Plan._repays_sync``): a long prompt with a short answer is decoded 
 Exploration: each costly member and plain get up to ``min_turns`` turns first (costly members
 first, at the full length) until the shared cost model knows them: a draft cost and one verified
 turn (``_measured``; the first turn may only warm the draft-cost fit, so with ``min_turns`` 2 that
-is one verified turn), or another slot or a saved model measured them (a server's 8 slots paid the
-cold turns 8 times over). Then the best option is chosen, and a losing one is tried once (so it
+is one verified turn; in any band), or another slot or a saved model measured them (a server's 8
+slots paid the cold turns 8 times over). Then the best option is chosen, and a losing one is tried once (so it
 stays measured) when the time since it last ran, times its share of ``explore_budget``, covers
 what trying it is predicted to lose: its seconds minus its tokens at the best rate, plus the lazy
 sync of the tokens it missed (``Drafter.sync_need``: a draft model in a new request syncs the
@@ -83,17 +86,26 @@ repeats token for token only with the controller off (``auto=False``).
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..env import env_flag
-from ..kernels.tree_shape import tree_node_count
-from .arms import PLAIN, TREE, Choice, SlotState, arm_of, is_argmax, is_tree, member_of, tree_arm, tree_name
-from .bands import RequestView, band_of, draft_modes_band, shadow_exact
+from .arms import (
+    PLAIN,
+    TREE,
+    Choice,
+    SlotState,
+    arm_of,
+    is_argmax,
+    is_tree,
+    member_of,
+    tree_arm,
+    tree_name,
+    tree_rows,
+)
+from .bands import RequestView, band_of, band_survival, draft_modes_band, other_bands, shadow_exact
 from .controller_reports import ControllerReports
 from .cost_model import CostModelSource, load_cost_model
 from .draft_length import DraftLengthController
@@ -144,7 +156,7 @@ class Plan:
         # the tree arm: the request's shape cut to tree_cap levels (rows: target rows per depth - 1)
         self.tree_shape = req.tree if req.tree and st.tree_member is not None else None
         self.tree = self.tree_shape[:max(tree_cap, 0)] if self.tree_shape else ()
-        self._tree_rows = ctl.tree_rows(self.tree) if self.tree else _NO_ROWS
+        self._tree_rows = tree_rows(self.tree) if self.tree else _NO_ROWS
         self._arms = costly + ([tree_arm(st.tree_member)] if self.tree and st.tree_member is not None else []) + [PLAIN]
         self.k_cap, self.n_seqs = k_cap, max(1, n_seqs)
         self.full = st.last_full
@@ -279,7 +291,8 @@ class Plan:
             return not np.isnan(self.v[0])
         name, band = self.arm_name(arm), self.band_for(arm)
         return (ctl.cost.draft_cost(name, np.array([1])) is not None
-                and ctl.accept.count([(name, band, False), (name, band, True)]) >= 1.0)
+                and (ctl.accept.count([(name, band, False), (name, band, True)]) >= 1.0
+                     or ctl.borrow_bands and ctl.accept.count(other_bands(ctl.accept, name, band)) >= 1.0))
 
     def sync_gap(self, m: int) -> int:
         """Tokens member m's lazy sync decodes before its next draft (>= 1): as the drafter says
@@ -456,16 +469,17 @@ class SpecController(ControllerReports):
         predicted within RAMP_KEEP of the best cut's rate (the ramp, draft_length.py).
     request_prior: a request's survival starts from the shared counts capped at this many
         verifications per key (the module's Survival per request).
+    borrow_bands: a band new to a member starts from its other bands (Survival across bands).
     """
 
     def __init__(self, *, explore_budget: float = 0.01, explore_every: int = 16, min_turns: int = 2,
                  decay: float = 0.98, cost_model: CostModelSource = None,
                  sweep: Sequence[tuple[int | None, int]] = (), ramp: bool = True,
-                 request_prior: float = REQUEST_PRIOR) -> None:
+                 request_prior: float = REQUEST_PRIOR, borrow_bands: bool = True) -> None:
         if not 0.0 < explore_budget < 1.0 or explore_every < 1 or min_turns < 1 or request_prior <= 0.0:
             raise ValueError("controller: requires 0 < explore_budget < 1, explore_every >= 1, min_turns >= 1, "
                              "request_prior > 0")
-        self.request_prior = float(request_prior)
+        self.request_prior, self.borrow_bands = float(request_prior), bool(borrow_bands)
         self.explore_budget, self.explore_every, self.min_turns = explore_budget, explore_every, min_turns
         self.cost, self.accept = load_cost_model(cost_model, decay)
         self.sweep = list(sweep)
@@ -473,7 +487,6 @@ class SpecController(ControllerReports):
         self.calib: dict[tuple[str, str], np.ndarray] = {}   # (member, band) -> decayed (S(k) predicted, full, n)
         self.slots: dict[int, SlotState] = {}
         self._step_costs: dict[int, tuple[int, np.ndarray]] = {}   # n_seqs -> (cost.version, step_cost)
-        self._tree_rows: dict[tuple[int, ...], np.ndarray] = {}    # shape -> nodes per depth 0 .. its depth
         self.versions = (0, 0)   # (survival, costly draft cost) measurements: Plan._best's cache key
         self.choices: dict[str, int] = {}        # "plain" / member name -> steps
         self.lengths = np.zeros(65, dtype=np.int64)
@@ -487,22 +500,12 @@ class SpecController(ControllerReports):
         md = [bool(x) and y for x, y in zip(modes, c, strict=True)] if modes is not None else [False] * len(c)
         self.slots[slot] = SlotState(list(names), c, md, tree_member)
 
-    def tree_rows(self, shape: tuple[int, ...]) -> np.ndarray:
-        """Nodes of `shape` cut to depth 0 .. len(shape) (the target rows of a depth d tree, minus 1);
-        computed once per shape (a plan asks every step)."""
-        rows = self._tree_rows.get(shape)
-        if rows is None:
-            rows = self._tree_rows[shape] = np.array([tree_node_count(shape[:j]) for j in range(len(shape) + 1)])
-        return rows
-
     def survival(self, name: str, band: str, full: bool | None, n: int,
                  counts: DraftLengthController | None = None) -> np.ndarray:
         """S(1) .. S(n) of a member's drafts in a band after a full verification or not (None: both),
         from `counts` (a request's, ``begin_request``; None: the shared ones)."""
         acc = self.accept if counts is None else counts
-        if full is None:
-            return acc.survival_of([(name, band, False), (name, band, True)], n)
-        return acc.survival((name, band, full), n)
+        return band_survival(acc, name, band, full, n, self.request_prior if self.borrow_bands else 0.0)
 
     def begin_request(self, slot: int) -> None:
         """Slot `slot` starts a request: its survival starts from the shared counts capped at
@@ -592,9 +595,4 @@ class SpecController(ControllerReports):
 
     def decoded(self, n_rows: int, n_seqs: int, seconds: float) -> None:
         self.cost.record_decode(n_rows, n_seqs, seconds)
-
-    def save(self, path: str | Path) -> None:
-        """The cost model and the survival counts as JSON (``cost_model=path`` reads it back)."""
-        data = {"version": 1, "cost": self.cost.to_dict(), "survival": self.accept.export()}
-        Path(path).write_text(json.dumps(data, indent=1))
 

@@ -1,8 +1,10 @@
 """The speculation controller's reports (controller.py): every option's prediction (``llama-spec
-tune``), what was chosen how often and the measured rates (the stats line and JSON)."""
+tune``), what was chosen how often and the measured rates (the stats line and JSON), and its file."""
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -84,6 +86,10 @@ class ControllerReports:
         head = f"auto: chosen {chosen} (explored {s['explored']}); k {lengths}; " if choices else "auto measured: "
         return f"{head}{step}; draft {draft}; kept {acc}"
 
+    def save(self, path: str | Path) -> None:
+        """The cost model and the survival counts as JSON (``cost_model=path`` reads it back)."""
+        data = {"version": 1, "cost": self.cost.to_dict(), "survival": self.accept.export()}
+        Path(path).write_text(json.dumps(data, indent=1))
 
 
 def _member_band(key: object) -> str:

@@ -38,6 +38,7 @@ from ..drafters.base import Drafter, DraftGroup, DraftRequest, Proposal
 from ..drafters.tree import TreeDrafting, TreeProposal
 from ..errors import SequenceError
 from ..kernels import token as _accept
+from ..kernels.warmup import warm_up_in_background
 from ..llama.context import Context
 from ..llama.model import Model
 from ..observe.observers import Observer
@@ -104,11 +105,9 @@ class _Seq:
 
 class StepCore:
     """Slots over one target context (module docstring). ``drafters[i]`` is slot i's drafter.
-
     n_ctx: the target context's cells; n_ctx_per_seq: the room of one sequence (= n_ctx for one
     slot). isolate_failures: a sequence's exception drops it and is raised as SequenceError once
-    the step's other items are out (batches); False: the exception propagates (solo).
-    """
+    the step's other items are out (batches); False: the exception propagates (solo)."""
 
     def __init__(self, target: Model, drafters: Sequence[Drafter | None], *, n_ctx: int, n_ctx_per_seq: int | None,
                  n_batch: int, n_threads: int | None, n_max: int, tree: str | Sequence[int] | None = None,
@@ -144,6 +143,7 @@ class StepCore:
         for d in drafters:
             if d is not None:
                 d.prepare_target(self.ctx)
+                warm_up_in_background()   # numba's first-call set-up, ahead of a sampled verification
         # prompt reuse (prefix.py): every slot's own cells; with cache_ram MiB > 0 a host-RAM cache too
         self.prompt_cache = PromptCache(int(cache_ram * 2**20)) if cache_ram > 0 else None
         self.prefix = PrefixReuse(self.ctx, self.slots, self.width, self.recurrent, self.prompt_cache,

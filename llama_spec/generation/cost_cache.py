@@ -26,19 +26,19 @@ from importlib import metadata
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..env import env_value_or_off
 from .cost_model import load_cost_model
 
 if TYPE_CHECKING:
     from .controller import SpecController
 
 ENV_COST_CACHE = "LLAMA_SPEC_COST_CACHE"
-_OFF = ("0", "false", "off", "no")
 
 
 def cost_cache_dir() -> Path | None:
     """The cache folder as LLAMA_SPEC_COST_CACHE says (None: off)."""
-    raw = os.environ.get(ENV_COST_CACHE, "").strip()
-    if raw.lower() in _OFF:
+    raw = env_value_or_off(ENV_COST_CACHE)
+    if raw is None:
         return None
     return Path(raw).expanduser() if raw else Path.home() / ".cache" / "llama-spec" / "cost-models"
 

@@ -104,18 +104,33 @@ class DraftLengthController:
         """S(1) .. S(n) for drafter `key`, (n,) float64."""
         return self.survival_of([key], n)
 
-    def survival_of(self, keys: list[object], n: int) -> np.ndarray:
-        """S(1) .. S(n) over the counts of several keys together (a report's pooled curve)."""
-        h = _Hazards()
-        for k in keys:
-            if k in self._hz:
-                h.reached = h.reached + self._hz[k].reached
-                h.kept = h.kept + self._hz[k].kept
+    def survival_of(self, keys: list[object], n: int,
+                    borrow: tuple[list[object], float] | None = None) -> np.ndarray:
+        """S(1) .. S(n) over the counts of several keys together (a report's pooled curve).
+        borrow (keys, w): the counts of those keys too, scaled to at most w verifications (a prior
+        from elsewhere: a band never seen starts from the member's other bands, controller.py)."""
+        h = self._summed(keys)
+        if borrow is not None and borrow[1] > 0.0:
+            b = self._summed(borrow[0])
+            b = _capped(b.reached, b.kept, borrow[1])
+            h.reached, h.kept = h.reached + b.reached, h.kept + b.kept
         pw, w0, reached = self.prior_weight, self.pool_weight, h.reached.sum()
         pooled = (h.kept.sum() + self.prior_keep * w0) / (reached + w0) if reached + w0 > 0 else self.prior_keep
         prior = max(self.prior_keep, pooled)
         hazard = (h.kept[:n] + prior * pw) / (h.reached[:n] + pw)
         return np.cumprod(hazard)
+
+    def _summed(self, keys: list[object]) -> _Hazards:
+        h = _Hazards()
+        for k in keys:
+            if k in self._hz:
+                h.reached = h.reached + self._hz[k].reached
+                h.kept = h.kept + self._hz[k].kept
+        return h
+
+    def keys(self) -> list[object]:
+        """The keys with counts."""
+        return list(self._hz)
 
     def count(self, keys: list[object]) -> float:
         """Decayed number of verifications recorded under these keys."""

