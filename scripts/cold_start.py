@@ -3,8 +3,8 @@
 Every ``llama-spec generate`` run starts a new controller. Without anything saved it is cold: it
 gives the draft model its cold turns and learns the costs again before it can choose. This script
 runs the CLI in fresh processes, interleaved A B .. Z Z .. B A per prompt and temperature (same
-seed, ``--ignore-eos``, the same ``-t``), and reports decode t/s per arm (median of its runs) and
-each arm over plain:
+seed, ``--ignore-eos``, the same ``-t``), and reports decode t/s per arm (median of its runs),
+each arm over plain, and each arm's wall seconds per process (loading and prefill included):
 
 * plain: ``-m T`` (no drafter);
 * fixed: ``-m T -md D --no-spec-auto`` (the fixed configuration, n-max 3);
@@ -27,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -53,11 +54,14 @@ def run_cli(arm: str, a: argparse.Namespace, target: Path, draft: Path, prompt: 
                "-n", str(n or a.n_tokens), "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads),
                "--ignore-eos", "--stats-json", str(stats)]
         env = dict(os.environ, LLAMA_SPEC_COST_CACHE="0" if arm == "auto cold" else str(cache_dir))
+        t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
+        wall = time.perf_counter() - t0
         if p.returncode != 0:
             raise SystemExit(f"{arm}: exit {p.returncode}\n{p.stderr[-2000:]}")
         rec = json.loads(stats.read_text())
         rec["warm"] = "auto starts from the costs earlier runs measured" in p.stderr
+        rec["wall_s"] = wall   # the whole process, as the user waits for it: loading, prefill, decode
         return rec
 
 
@@ -100,21 +104,25 @@ def main(argv: list[str] | None = None) -> int:
     for temp in (float(x) for x in a.temps.split(",")):
         for cls, i, text in prompts:
             runs: dict[str, list[float]] = {k: [] for k in arms}
+            walls: dict[str, list[float]] = {k: [] for k in arms}
             chosen: dict[str, str] = {}
             warm: dict[str, list[bool]] = {k: [] for k in arms}
             for arm in (arms + arms[::-1]) * (a.runs // 2):
                 rec = run_cli(arm, a, target, draft, text, temp, a.seed + i, cache_dir)
                 runs[arm].append(float(rec["decode_tps"]))
+                walls[arm].append(float(rec["wall_s"]))
                 warm[arm].append(bool(rec["warm"]))
                 if "auto" in rec:
                     chosen[arm] = str(rec["auto"].get("chosen", ""))
             tps = {k: statistics.median(v) for k, v in runs.items()}
+            wall = {k: statistics.median(v) for k, v in walls.items()}
             ratios = {k: tps[k] / tps["plain"] for k in arms if k != "plain"} if "plain" in tps else {}
             recs.append({"class": cls, "prompt": i, "temp": temp, "runs": runs, "tps": tps, "over_plain": ratios,
-                         "chosen": chosen, "warm": warm})
+                         "chosen": chosen, "warm": warm, "wall_s": walls, "wall_median_s": wall})
             print(f"T={temp:<4} {cls:5} {i + 1}: " + "  ".join(f"{k} {tps[k]:5.1f}" for k in arms)
                   + ("   " + "  ".join(f"{k}/plain {r:.3f}" for k, r in ratios.items()) if ratios else ""),
                   flush=True)
+            print("         wall s (the process): " + "  ".join(f"{k} {wall[k]:5.2f}" for k in arms), flush=True)
     if recs and recs[0]["over_plain"]:
         print("\nmedian / min over the prompts, ÷ plain:")
         for k in recs[0]["over_plain"]:

@@ -126,4 +126,7 @@ def test_cold_start_runs_fresh_cli_processes_with_the_auto_arm_warm_and_the_cold
     assert {k: len(v) for k, v in rec["runs"].items()} == {"plain": 2, "auto cold": 2, "auto": 2}
     assert rec["warm"] == {"plain": [False, False], "auto cold": [False, False], "auto": [True, True]}
     assert set(rec["over_plain"]) == {"auto cold", "auto"} and "auto/plain" in p.stdout
+    # each process's wall time: at least its decode (n tokens at the decode rate it reported)
+    for arm, walls in rec["wall_s"].items():
+        assert len(walls) == 2 and all(w > 8 / tps for w, tps in zip(walls, rec["runs"][arm], strict=True)), rec
     assert list((tmp_path / "cache").glob("*.json"))   # the auto arm's cache, kept with --cache-dir

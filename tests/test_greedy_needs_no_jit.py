@@ -1,4 +1,4 @@
-"""numba's first call in a process costs ~1 s (its compiler target is set up then; 2-core Intel
+"""numba's first call in a process costs ~0.45 s (its compiler target is set up then; 2-core Intel
 VM), so: greedy speculative verification calls no kernel (kernels/token.py, ``p_is_normalized``),
 and a generator with a drafter sets numba up in a thread when it is built (kernels/warmup.py),
 loading the very signature the token rule calls. Each check runs in a fresh process."""
