@@ -133,6 +133,7 @@ class Arms:
             else:
                 self.gens[name] = gen(chain(name), 64 if "ngram" in name else 3, auto=False)
         self.keep_pools = a.keep_pools
+        self.last_stats = None   # the SpecStats of the latest run
         self.pools = {arm: [m.pool for m in g.drafter.members() if isinstance(m, NgramModDrafter)]
                       if g.drafter is not None else [] for arm, g in self.gens.items()}
 
@@ -142,6 +143,7 @@ class Arms:
                 pool.reset()
         r = self.gens[arm].generate(prompt, sampling=sampler(temp), n_predict=n, seed=seed,
                                     **self.request_kw.get(arm, {}))
+        self.last_stats = r.stats   # (what an auto arm chose in this run: run_prompt records it)
         return r.stats.decode_tps
 
     def close(self) -> None:
@@ -188,6 +190,7 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
                seed: int) -> dict:
     order = list(arms.gens) + (["native"] if tool else [])
     runs: dict[str, list[float]] = {k: [] for k in order}
+    chose: dict[str, list[str]] = {k: [] for k in order if k.startswith("auto")}   # per run, in order
     cmd = None
     if tool:
         cmd = [str(tool), "-m", str(arms.target_path), "-md", str(arms.draft_path), "-p", text, "-n", str(a.n_tokens),
@@ -196,13 +199,18 @@ def run_prompt(arms: Arms, tool: Path | None, a: argparse.Namespace, cls: str, t
     for arm in (order + order[::-1]) * (a.reps // 2):
         tps = run_native(cmd, text)["tps"] if arm == "native" and cmd else arms.run(arm, text, temp, a.n_tokens, seed)
         runs[arm].append(tps)
+        if arm in chose:
+            st = arms.last_stats
+            ctl = getattr(arms.gens[arm], "controller", None)   # (and what it had measured by then)
+            chose[arm].append(f"{tps:.1f} t/s: {st.auto_summary()}; kept {st.accepted}/{st.drafted}"
+                              + (f" | {ctl.describe()}" if ctl is not None else ""))
     tps = {k: statistics.median(v) for k, v in runs.items()}
     fixed = {k: v for k, v in tps.items() if k not in ("plain", "native") and not k.startswith("auto")}
     oracle = max(fixed, key=lambda k: fixed[k]) if fixed else "plain"
     best_cv, chosen = cross_fit_best({k: v for k, v in runs.items() if k in fixed or k == "plain"})
     # per pass, auto / plain (the two ran next to each other): its geometric mean's 95 % interval
     paired = geo_mean_ci([x / y for x, y in zip(runs["auto"], runs["plain"], strict=True)])
-    rec = {"class": cls, "temp": temp, "seed": seed, "tps": tps, "runs": runs, "oracle": oracle,
+    rec = {"class": cls, "temp": temp, "seed": seed, "tps": tps, "runs": runs, "chose": chose, "oracle": oracle,
            "auto_plain": tps["auto"] / tps["plain"], "auto_plain_paired": list(paired), "auto_oracle": tps["auto"] / max(tps[oracle], tps["plain"]),
            "oracle_cv": chosen, "best_cv": best_cv, "auto_oracle_cv": tps["auto"] / best_cv}
     if "native" in tps:

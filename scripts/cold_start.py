@@ -13,8 +13,13 @@ each arm over plain, and each arm's wall seconds per process (loading and prefil
 * auto: ``-m T -md D`` as a user runs it, with the cache on (``--cache-dir``, emptied at the start
   and warmed by one short run first): the controller starts from what the runs before it measured.
 
+``--variant NAME:VAR=VALUE[,VAR=VALUE..]`` adds an arm NAME: the auto arm with those environment
+variables set (an A/B of a switch in fresh processes, e.g. ``serial:LLAMA_SPEC_LOAD_DRAFT_BESIDE=0``,
+or of another checkout: ``old:PYTHONPATH=/path/to/checkout`` with its built extension in place).
+
     python scripts/cold_start.py                          # 1.5B <- 0.5B, code and prose, temps 0 and 0.8
     python scripts/cold_start.py --arms plain,auto --runs 2 --per-class 1 -n 64
+    python scripts/cold_start.py --arms plain,auto --variant serial:LLAMA_SPEC_LOAD_DRAFT_BESIDE=0
 """
 
 from __future__ import annotations
@@ -37,6 +42,18 @@ from bench_spec import DEFAULT_DRAFTER, DEFAULT_TARGET, loadavg, machine_info, r
 ARMS = ("plain", "fixed", "auto cold", "auto")
 
 
+VARIANTS: dict[str, dict[str, str]] = {}   # --variant: arm name -> the environment it adds to auto's
+
+
+def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
+    """'NAME:VAR=VALUE,VAR=VALUE' -> (NAME, {VAR: VALUE}); ValueError on a malformed one."""
+    name, sep, rest = spec.partition(":")
+    pairs = [x.partition("=") for x in rest.split(",") if x]
+    if not sep or not name or name in ARMS or not pairs or any(not k or not eq for k, eq, _ in pairs):
+        raise ValueError(f"--variant {spec!r}: expected NAME:VAR=VALUE[,VAR=VALUE..], NAME not one of {ARMS}")
+    return name, {k: v for k, _, v in pairs}
+
+
 def arm_args(arm: str, target: Path, draft: Path) -> list[str]:
     if arm == "plain":
         return ["-m", str(target)]
@@ -53,7 +70,8 @@ def run_cli(arm: str, a: argparse.Namespace, target: Path, draft: Path, prompt: 
         cmd = [sys.executable, "-m", "llama_spec", "generate", *arm_args(arm, target, draft), "-p", prompt,
                "-n", str(n or a.n_tokens), "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads),
                "--ignore-eos", "--stats-json", str(stats)]
-        env = dict(os.environ, LLAMA_SPEC_COST_CACHE="0" if arm == "auto cold" else str(cache_dir))
+        env = {**os.environ, "LLAMA_SPEC_COST_CACHE": "0" if arm == "auto cold" else str(cache_dir),
+               **VARIANTS.get(arm, {})}
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         wall = time.perf_counter() - t0
@@ -79,11 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=42)
     ap.add_argument("--cache-dir", default=None,
                     help="the auto arm's cost-model cache, empty or absent; kept (default: a temporary one)")
+    ap.add_argument("--variant", action="append", default=[], metavar="NAME:VAR=VALUE[,..]",
+                    help="one more arm: auto with these environment variables (repeatable)")
     ap.add_argument("--json", default=None, metavar="FILE")
     a = ap.parse_args(argv)
     arms = [x for x in a.arms.split(",") if x]
     if not arms or any(x not in ARMS for x in arms):
         ap.error(f"--arms: of {', '.join(ARMS)}")
+    try:
+        VARIANTS.update(parse_variant(v) for v in a.variant)
+    except ValueError as e:
+        ap.error(str(e))
+    arms += list(VARIANTS)
     if a.runs < 2 or a.runs % 2:
         ap.error("--runs: an even number >= 2")
     target, draft = resolve(a.target), resolve(a.drafter)
@@ -98,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir.mkdir(parents=True, exist_ok=True)
     if any(cache_dir.iterdir()):
         ap.error(f"--cache-dir {cache_dir}: not empty (the auto arm must start from its own runs only)")
-    if "auto" in arms:   # one short run writes the cache the auto arm's first run starts from
+    if "auto" in arms or VARIANTS:   # one short run writes the cache the auto arm's first run starts from
         run_cli("auto", a, target, draft, "def f(x):", 0.0, 1, cache_dir, n=16)
     recs = []
     for temp in (float(x) for x in a.temps.split(",")):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+from types import SimpleNamespace
 
 import pytest
 from conftest import THREADS
@@ -105,6 +106,8 @@ def test_bench_auto_prints_each_prompts_ratio_to_native(monkeypatch, capsys):
         def run(self, arm, text, temp, n, seed):
             return {"plain": 10.0, "auto": 12.0, "ngram-simple": 11.0}[arm]
 
+        last_stats = SimpleNamespace(auto_summary=lambda: "plain 93, draft-simple 1", accepted=2, drafted=3)
+
         target_path = draft_path = SCRIPTS
 
     monkeypatch.setattr(bench_auto, "run_native", lambda cmd, text: {"tps": 8.0})
@@ -112,6 +115,7 @@ def test_bench_auto_prints_each_prompts_ratio_to_native(monkeypatch, capsys):
     rec = bench_auto.run_prompt(FakeArms(), SCRIPTS / "llama-speculative-simple", a, "code", "def f():", 0.0, 1)
     assert rec["auto_native"] == 1.5 and rec["auto_plain"] == 1.2 and rec["oracle"] == "ngram-simple"
     assert rec["runs"]["native"] == [8.0, 8.0]
+    assert rec["chose"] == {"auto": ["12.0 t/s: plain 93, draft-simple 1; kept 2/3"] * 2}   # per auto run
     line = capsys.readouterr().out
     assert "auto/plain 1.20" in line and "/oracle 1.09" in line and "/native 1.50" in line, line
 
@@ -121,11 +125,13 @@ def test_cold_start_runs_fresh_cli_processes_with_the_auto_arm_warm_and_the_cold
     p = _run([sys.executable, str(SCRIPTS / "cold_start.py"), "--target", "smollm2-135m", "--drafter", "smollm2-135m",
               "--arms", "plain,auto cold,auto", "--classes", "code", "--per-class", "1", "--temps", "0",
               "--runs", "2", "-n", "8", "-t", str(THREADS), "--cache-dir", str(tmp_path / "cache"),
-              "--json", str(out)])
+              "--variant", "uncached:LLAMA_SPEC_COST_CACHE=0", "--json", str(out)])
     rec = json.loads(out.read_text())["prompts"][0]
-    assert {k: len(v) for k, v in rec["runs"].items()} == {"plain": 2, "auto cold": 2, "auto": 2}
-    assert rec["warm"] == {"plain": [False, False], "auto cold": [False, False], "auto": [True, True]}
-    assert set(rec["over_plain"]) == {"auto cold", "auto"} and "auto/plain" in p.stdout
+    assert {k: len(v) for k, v in rec["runs"].items()} == {"plain": 2, "auto cold": 2, "auto": 2, "uncached": 2}
+    # the variant is the auto arm with its environment: the cache switched off reaches its processes
+    assert rec["warm"] == {"plain": [False, False], "auto cold": [False, False], "auto": [True, True],
+                           "uncached": [False, False]}
+    assert set(rec["over_plain"]) == {"auto cold", "auto", "uncached"} and "auto/plain" in p.stdout
     # each process's wall time: at least its decode (n tokens at the decode rate it reported)
     for arm, walls in rec["wall_s"].items():
         assert len(walls) == 2 and all(w > 8 / tps for w, tps in zip(walls, rec["runs"][arm], strict=True)), rec

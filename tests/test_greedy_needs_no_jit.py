@@ -1,7 +1,8 @@
 """numba's first call in a process costs ~0.45 s (its compiler target is set up then; 2-core Intel
 VM), so: greedy speculative verification calls no kernel (kernels/token.py, ``p_is_normalized``),
-and a generator with a drafter sets numba up in a thread when it is built (kernels/warmup.py),
-loading the very signature the token rule calls. Each check runs in a fresh process."""
+and a generator with a drafter sets numba up in a thread when a sampled request is added, never
+for a greedy one (kernels/warmup.py), loading the very signature the token rule calls. Each check
+runs in a fresh process."""
 
 from __future__ import annotations
 
@@ -27,14 +28,15 @@ if sys.argv[2] == "no-warm-up":
     core.warm_up_in_background = lambda: None
 m = Model(sys.argv[1], repack=False)
 gen = SpeculativeGenerator(m, DraftModelDrafter(m, n_ctx=256), n_ctx=256, n_max=3, auto=False)
-out = {}
+out = {"thread_before": warmup._thread is not None}
 if sys.argv[2] == "warm-up":
     warmup.warm_up_in_background().join(60)
     out["built"] = [str(s) for s in token.accept_step_kernel.signatures]
 for temp in (0.0, 0.8):
     r = gen.generate("The capital of France is", n_predict=12, sampling=SamplerParams(temp=temp), seed=1)
     out[str(temp)] = {"drafted": r.stats.drafted, "compiled": compiled(),
-                      "signatures": [str(s) for s in token.accept_step_kernel.signatures]}
+                      "signatures": [str(s) for s in token.accept_step_kernel.signatures],
+                      "thread": warmup._thread is not None}
 print(json.dumps(out))
 """
 
@@ -54,6 +56,13 @@ def test_greedy_speculative_decoding_compiles_no_kernel_and_sampled_decoding_doe
 
 def test_the_warm_up_loads_the_signature_the_token_rule_calls(smollm_path):
     out = _run(smollm_path, "warm-up")
-    assert len(out["built"]) == 1, out   # loaded when the generator was built, before any request
+    assert len(out["built"]) == 1, out   # loaded before any request
     # the sampled run verified drafts with that signature: no second one compiled or loaded
     assert out["0.8"]["drafted"] > 0 and out["0.8"]["signatures"] == out["built"], out
+
+
+def test_the_warm_up_starts_with_the_first_sampled_request_only(smollm_path):
+    out = _run(smollm_path, "lazy")
+    # built and a greedy request run: no thread (a greedy run never needs numba)
+    assert out["thread_before"] is False and out["0.0"]["thread"] is False, out
+    assert out["0.8"]["thread"] is True and out["0.8"]["drafted"] > 0, out

@@ -61,7 +61,7 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
     """(engine, target model, closers, speculative mode) from parsed args; the engine is not started."""
     from ..generation.batch import BatchGenerator, SlotFactory
     from ..server.engine import ServerEngine
-    from .build import auto_args, context_options, drafter_factory, load_model, spec_n_max, spec_types
+    from .build import auto_args, context_options, drafter_factory, load_models, spec_n_max, spec_types
 
     types = spec_types(ns)
     mode = ",".join(types) or "none"
@@ -69,9 +69,9 @@ def build_engine(ns: argparse.Namespace) -> tuple[Any, Any, list[Callable[[], No
         raise ValueError(f"--parallel must be >= 1, got {ns.parallel}")
     if not ns.cache_ram >= 0:
         raise ValueError(f"--cache-ram must be >= 0 MiB (0 = off), got {ns.cache_ram}")
-    target = load_model(ns, load_mtp="draft-mtp" in types)
+    target, dmodel = load_models(ns, types)
     closers: list[Callable[[], None]] = [target.close]
-    factory, draft_closers = drafter_factory(ns, target, types)
+    factory, draft_closers = drafter_factory(ns, target, types, dmodel)
     closers[:0] = draft_closers  # the draft model is freed before the target
     n_max, ctx_opts, auto = spec_n_max(ns, types), context_options(ns), auto_args(ns, cache=False)
     # (the server learns as it runs: it neither reads nor writes the CLI's cost-model cache)

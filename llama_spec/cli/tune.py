@@ -63,7 +63,14 @@ def run(ns: argparse.Namespace) -> int:
     from ..generation.bands import band_of
     from ..generation.solo import SpeculativeGenerator
     from ..llama.sampling import SamplerParams
-    from .build import PLOT_INSTALL_HINT, context_options, drafter_factory, load_model, spec_n_max, spec_types
+    from .build import (
+        PLOT_INSTALL_HINT,
+        context_options,
+        drafter_factory,
+        load_models,
+        spec_n_max,
+        spec_types,
+    )
 
     if ns.plot and not _has_matplotlib():
         raise ValueError(f"--plot needs the plot extra (matplotlib is not installed): {PLOT_INSTALL_HINT}")
@@ -73,8 +80,8 @@ def run(ns: argparse.Namespace) -> int:
     types = spec_types(ns)
     if not types:
         raise ValueError("tune needs a drafter: -md DRAFT and/or --spec-type TYPE[,TYPE..]")
-    target = load_model(ns, load_mtp="draft-mtp" in types)
-    make, _closers = drafter_factory(ns, target, types)
+    target, dmodel = load_models(ns, types)
+    make, _closers = drafter_factory(ns, target, types, dmodel)
     assert make is not None
     drafter = make()
     n_max = spec_n_max(ns, types)

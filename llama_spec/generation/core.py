@@ -143,7 +143,6 @@ class StepCore:
         for d in drafters:
             if d is not None:
                 d.prepare_target(self.ctx)
-                warm_up_in_background()   # numba's first-call set-up, ahead of a sampled verification
         # prompt reuse (prefix.py): every slot's own cells; with cache_ram MiB > 0 a host-RAM cache too
         self.prompt_cache = PromptCache(int(cache_ram * 2**20)) if cache_ram > 0 else None
         self.prefix = PrefixReuse(self.ctx, self.slots, self.width, self.recurrent, self.prompt_cache,
@@ -209,6 +208,8 @@ class StepCore:
     def add(self, req: Request, slot: int) -> int:
         """Run `req` (built with ``host(slot)``) in `slot`, which must be free; returns its id."""
         self._free.remove(slot)
+        if self.slots[slot].drafter is not None and not req.sampler.params.greedy:
+            warm_up_in_background()   # numba's first-call set-up, ahead of its first sampled verification
         em = Emitter(self.model, req)
         req.v.emit = em.emit
         rid = self._next_id

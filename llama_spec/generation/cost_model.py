@@ -26,7 +26,14 @@ Words, used below exactly:
 
 Every coefficient is >= 0 (a negative slope fitted to noise would make long drafts look free).
 
-Every fit decays by ``decay`` per new measurement, so a change of load is followed. A model can
+Every fit decays by ``decay`` per new measurement, so a change of load is followed.
+
+Stale cells: timing noise is one-sided (a busy machine makes a decode slower, never faster), and
+the cell of an option not chosen is measured only when it is explored. A few seconds of load
+while plain steps ran left c(1) at 1.4x its cost; the draft model then looked faster than plain and was chosen for
+four requests (0.8x plain), c(1) coming down by 1/20 of the gap per explored plain step (AVX2
+EPYC, scripts/bench_auto.py with a 3 s CPU hog). So a decode faster than ``FAST_DOWN`` x its cell's
+mean restarts the cell at that measurement (weight ``STALE_RESTART``): what the mean held were stalls. A model can
 be written to JSON (``to_dict``) and read back (``from_dict``) as the start of a later run
 (``llama-spec tune --save``, ``--spec-cost-model``): its cells then weigh at most ``PRIOR_WEIGHT``,
 so this machine's own measurements take over within a few steps.
@@ -45,6 +52,8 @@ from .draft_length import DraftLengthController
 __all__ = ["PRIOR_WEIGHT", "CostModel", "LinearFit"]
 
 PRIOR_WEIGHT = 2.0   # weight of a loaded cell (as two measurements)
+FAST_DOWN = 0.8      # a decode this much faster than its cell's mean restarts the cell (Stale cells)
+STALE_RESTART = 2.0  # the restarted cell's weight: the new measurement, as two
 GAP_PRIOR = 0.25     # the draft cost of a synced token / that of a drafted one, until measured
 _MAX_CELL_WEIGHT = 20.0
 
@@ -153,6 +162,8 @@ class CostModel:
         cell = self.cells.setdefault((int(n_rows), int(n_seqs)), [0.0, 0.0])
         if cell[0] >= 2.0:
             seconds = min(seconds, LinearFit.CLIP * cell[1])
+            if seconds < FAST_DOWN * cell[1]:   # (Stale cells, module docstring)
+                cell[0], cell[1] = STALE_RESTART - 1.0, seconds
         w = min(cell[0] * self.decay + 1.0, _MAX_CELL_WEIGHT)
         cell[1] += (seconds - cell[1]) / w
         cell[0] = w

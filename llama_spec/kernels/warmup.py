@@ -4,8 +4,9 @@ The first call of a jitted kernel in a process sets numba's compiler target up a
 kernel from its cache: 0.45 s of one core on the 2-core Intel VM (1.0 s under cProfile; most of
 it numba importing its typing registries), paid inside the first verification of sampled drafts
 (the token rule at temp > 0; greedy verification calls no kernel). A generator with a drafter
-starts it in a daemon thread when it is built, so it overlaps the context's creation and the
-prompt's prefill (llama.cpp's calls release the GIL) instead of stalling a decode step.
+starts it in a daemon thread when a sampled request is added (never for greedy ones), so it
+overlaps that request's prefill (llama.cpp's calls release the GIL) instead of stalling a decode
+step; the CLI starts it before loading the models, whose loads leave a core free.
 """
 
 from __future__ import annotations

@@ -183,7 +183,7 @@ def _check_tensor_split(tensor_split: Sequence[float] | None) -> list[float] | N
     return ts
 
 
-def _n_offload_devices() -> int:
+def n_offload_devices() -> int:
     """Devices that can hold layers when none are named: GPUs and RPC devices."""
     return sum(1 for d in devices(memory=False) if d.type in ("gpu", "igpu") or d.backend == "RPC")
 
@@ -219,7 +219,7 @@ def place_model(*, split_mode: SplitMode = "layer", tensor_split: Sequence[float
         for n in dev_names:
             device_handle(n)  # unknown names fail here, with the known ones listed
         endpoints = tuple(dict.fromkeys(e for n in dev_names if (e := rpc_endpoint_of(n)) is not None))
-    n_dev = len(dev_names) if dev_names is not None else _n_offload_devices()
+    n_dev = len(dev_names) if dev_names is not None else n_offload_devices()
     if ts is not None and len(ts) > max(n_dev, 1):
         raise ValueError(
             f"tensor_split has {len(ts)} entries but only {max(n_dev, 1)} device(s) can hold layers"
