@@ -296,6 +296,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {arms.target_path.name} <- {arms.draft_path.name}; arms: {', '.join(arms.gens)}"
           f"{', native' if tool else ''}; {a.n_tokens} tokens, -t {a.threads}", file=sys.stderr)
     arms.run("auto", "def f(x):", 0.0, 8, 1)   # warm-up (kernels, the first prefill)
+    from llama_spec.kernels.warmup import warm_up_in_background
+    warm_up_in_background().join(60)   # numba's set-up, as the server does when it starts
     recs = []
     try:
         for temp in a.temp_list:

@@ -1,8 +1,8 @@
 """numba's first call in a process costs ~0.45 s (its compiler target is set up then; 2-core Intel
 VM), so: greedy speculative verification calls no kernel (kernels/token.py, ``p_is_normalized``),
-and a generator with a drafter sets numba up in a thread when a sampled request is added, never
-for a greedy one (kernels/warmup.py), loading the very signature the token rule calls. Each check
-runs in a fresh process."""
+and a generator with a drafter and a fixed configuration sets numba up in a thread when a sampled
+request is added, never for a greedy one, nor under the controller (kernels/warmup.py), loading the
+very signature the token rule calls. Each check runs in a fresh process."""
 
 from __future__ import annotations
 
@@ -27,7 +27,7 @@ def compiled():
 if sys.argv[2] == "no-warm-up":
     core.warm_up_in_background = lambda: None
 m = Model(sys.argv[1], repack=False)
-gen = SpeculativeGenerator(m, DraftModelDrafter(m, n_ctx=256), n_ctx=256, n_max=3, auto=False)
+gen = SpeculativeGenerator(m, DraftModelDrafter(m, n_ctx=256), n_ctx=256, n_max=3, auto=sys.argv[2] == "auto")
 out = {"thread_before": warmup._thread is not None}
 if sys.argv[2] == "warm-up":
     warmup.warm_up_in_background().join(60)
@@ -59,6 +59,15 @@ def test_the_warm_up_loads_the_signature_the_token_rule_calls(smollm_path):
     assert len(out["built"]) == 1, out   # loaded before any request
     # the sampled run verified drafts with that signature: no second one compiled or loaded
     assert out["0.8"]["drafted"] > 0 and out["0.8"]["signatures"] == out["built"], out
+
+
+def test_under_the_controller_nothing_is_warmed_ahead(smollm_path):
+    out = _run(smollm_path, "auto")   # (it may never draft: the first sampled verification pays, once)
+    assert out["0.0"]["thread"] is False and out["0.8"]["thread"] is False, out
+    if out["0.8"]["drafted"]:   # (here it chose plain at temp 0.8: no draft, no kernel)
+        assert "llama_spec.kernels.token.accept_step_kernel" in out["0.8"]["compiled"], out
+    else:
+        assert out["0.8"]["compiled"] == [], out
 
 
 def test_the_warm_up_starts_with_the_first_sampled_request_only(smollm_path):

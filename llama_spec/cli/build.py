@@ -22,7 +22,6 @@ from ..env import default_threads, env_flag
 from ..generation.controller import ENV_AUTO
 from ..generation.cost_cache import cache_path, file_id, load_cached, save_cached
 from ..generation.solo import N_MAX_LIMIT, SpeculativeGenerator
-from ..kernels.warmup import warm_up_in_background
 from ..llama.devices import n_offload_devices
 from ..llama.grammar import json_schema_to_grammar
 from ..llama.model import Model
@@ -70,8 +69,8 @@ def load_models(ns: argparse.Namespace, types: list[str]) -> tuple[Model, Model 
     Where both stay in host memory (no GPU or RPC device to offload to), the draft model loads in
     a thread beside the target: a load is mostly one core reading and repacking weights (llama.cpp's
     calls release the GIL), so a run waits for the longer load, not for both (the 0.5B beside the
-    1.5B on the 2-core EPYC: 0.6 s less in one process, about 0.4 s less per CLI run, median; the loads
-    contend a little). ``LLAMA_SPEC_LOAD_DRAFT_BESIDE=0``: one after the other."""
+    1.5B on the 2-core EPYC: 0.04-0.68 s less per CLI run, scripts/cold_start.py; the two loads
+    contend). ``LLAMA_SPEC_LOAD_DRAFT_BESIDE=0``: one after the other."""
     load_mtp = "draft-mtp" in types
     if "draft-simple" not in types:
         return load_model(ns, load_mtp=load_mtp), None
@@ -187,8 +186,6 @@ def build_generator(ns: argparse.Namespace) -> tuple[SpeculativeGenerator, TopKS
     """Target model, drafter and generator from parsed CLI args (shared by generate and chat)."""
     check_plot_available(ns)
     types = spec_types(ns)
-    if types and ns.temp > 0:
-        warm_up_in_background()   # (numba's set-up for sampled verification, beside the loads)
     target, dmodel = load_models(ns, types)
     make, _closers = drafter_factory(ns, target, types, dmodel)  # the draft model lives as long as the process
     drafter = make() if make is not None else None

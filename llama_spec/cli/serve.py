@@ -149,6 +149,9 @@ def cmd_serve(ns: argparse.Namespace) -> int:
     old = signal.signal(signal.SIGTERM, _on_sigterm) if _main_thread() else None
     try:
         engine.start()
+        if mode != "none":   # numba's set-up for sampled verification, while the server waits for requests
+            from ..kernels.warmup import warm_up_in_background
+            warm_up_in_background()
         name = ns.alias or Path(target.path).name
         app = create_app(engine, target, ServerConfig(model_name=name, api_key=api_key, speculative_mode=mode,
                                                       chat_template=template))

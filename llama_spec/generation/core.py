@@ -208,8 +208,8 @@ class StepCore:
     def add(self, req: Request, slot: int) -> int:
         """Run `req` (built with ``host(slot)``) in `slot`, which must be free; returns its id."""
         self._free.remove(slot)
-        if self.slots[slot].drafter is not None and not req.sampler.params.greedy:
-            warm_up_in_background()   # numba's first-call set-up, ahead of its first sampled verification
+        if self.slots[slot].drafter is not None and self.auto is None and not req.sampler.params.greedy:
+            warm_up_in_background()   # numba's set-up ahead of the first sampled verification (kernels/warmup.py)
         em = Emitter(self.model, req)
         req.v.emit = em.emit
         rid = self._next_id

@@ -4,9 +4,13 @@ The first call of a jitted kernel in a process sets numba's compiler target up a
 kernel from its cache: 0.45 s of one core on the 2-core Intel VM (1.0 s under cProfile; most of
 it numba importing its typing registries), paid inside the first verification of sampled drafts
 (the token rule at temp > 0; greedy verification calls no kernel). A generator with a drafter
-starts it in a daemon thread when a sampled request is added (never for greedy ones), so it
-overlaps that request's prefill (llama.cpp's calls release the GIL) instead of stalling a decode
-step; the CLI starts it before loading the models, whose loads leave a core free.
+and a fixed configuration (it drafts every step) starts it in a daemon thread when a sampled
+request is added (never for greedy ones), so it overlaps that request's prefill (llama.cpp's calls
+release the GIL) instead of stalling a decode step. Under the speculation controller nothing is
+warmed ahead: it may never draft, and on 2 cores the warm-up then only slows the run (one-shot
+``generate -md`` runs whose cost cache said plain took 0.5-0.8 s more wall time with the warm-up
+started when the generator was built: scripts/cold_start.py, AVX2 EPYC); the server starts it when
+it starts (idle time), and elsewhere the first sampled verification pays it, once per process.
 """
 
 from __future__ import annotations
