@@ -30,11 +30,13 @@ Every fit decays by ``decay`` per new measurement, so a change of load is follow
 
 Stale cells: timing noise is one-sided (a busy machine makes a decode slower, never faster), and
 the cell of an option not chosen is measured only when it is explored. A few seconds of load
-while plain steps ran left c(1) at 1.4x its cost; the draft model then looked faster than plain and was chosen for
-four requests (0.8x plain), c(1) coming down by 1/20 of the gap per explored plain step (AVX2
-EPYC, scripts/bench_auto.py with a 3 s CPU hog). So a decode faster than ``FAST_DOWN`` x its cell's
-mean restarts the cell at that measurement (weight ``STALE_RESTART``): what the mean held were stalls. A model can
-be written to JSON (``to_dict``) and read back (``from_dict``) as the start of a later run
+while plain steps ran left c(1) at 1.4x its cost; the draft model then looked faster than plain
+and was chosen for four requests (0.8x plain), c(1) coming down by 1/20 of the gap per explored
+plain step (AVX2 EPYC, scripts/bench_auto.py with a 3 s CPU hog). So a decode faster than
+``FAST_DOWN`` x its cell's mean restarts the cell at that measurement (weight ``STALE_RESTART``):
+what the mean held were stalls.
+
+A model can be written to JSON (``to_dict``) and read back (``from_dict``) as the start of a later run
 (``llama-spec tune --save``, ``--spec-cost-model``): its cells then weigh at most ``PRIOR_WEIGHT``,
 so this machine's own measurements take over within a few steps.
 """
