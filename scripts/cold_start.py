@@ -42,9 +42,6 @@ from bench_spec import DEFAULT_DRAFTER, DEFAULT_TARGET, loadavg, machine_info, r
 ARMS = ("plain", "fixed", "auto cold", "auto")
 
 
-VARIANTS: dict[str, dict[str, str]] = {}   # --variant: arm name -> the environment it adds to auto's
-
-
 def parse_variant(spec: str) -> tuple[str, dict[str, str]]:
     """'NAME:VAR=VALUE,VAR=VALUE' -> (NAME, {VAR: VALUE}); ValueError on a malformed one."""
     name, sep, rest = spec.partition(":")
@@ -71,7 +68,7 @@ def run_cli(arm: str, a: argparse.Namespace, target: Path, draft: Path, prompt: 
                "-n", str(n or a.n_tokens), "--temp", str(temp), "--seed", str(seed), "-t", str(a.threads),
                "--ignore-eos", "--stats-json", str(stats)]
         env = {**os.environ, "LLAMA_SPEC_COST_CACHE": "0" if arm == "auto cold" else str(cache_dir),
-               **VARIANTS.get(arm, {})}
+               **a.variant_env.get(arm, {})}   # (--variant: the environment it adds to auto's)
         t0 = time.perf_counter()
         p = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=600)
         wall = time.perf_counter() - t0
@@ -105,10 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     if not arms or any(x not in ARMS for x in arms):
         ap.error(f"--arms: of {', '.join(ARMS)}")
     try:
-        VARIANTS.update(parse_variant(v) for v in a.variant)
+        a.variant_env = dict(parse_variant(v) for v in a.variant)
     except ValueError as e:
         ap.error(str(e))
-    arms += list(VARIANTS)
+    arms += list(a.variant_env)
     if a.runs < 2 or a.runs % 2:
         ap.error("--runs: an even number >= 2")
     target, draft = resolve(a.target), resolve(a.drafter)
@@ -123,7 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     cache_dir.mkdir(parents=True, exist_ok=True)
     if any(cache_dir.iterdir()):
         ap.error(f"--cache-dir {cache_dir}: not empty (the auto arm must start from its own runs only)")
-    if "auto" in arms or VARIANTS:   # one short run writes the cache the auto arm's first run starts from
+    if "auto" in arms or a.variant_env:   # one short run writes the cache the auto arm's first run starts from
         run_cli("auto", a, target, draft, "def f(x):", 0.0, 1, cache_dir, n=16)
     recs = []
     for temp in (float(x) for x in a.temps.split(",")):

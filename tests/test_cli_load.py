@@ -7,14 +7,9 @@ import threading
 
 import pytest
 from conftest import THREADS
+from test_cli import _ns
 
 _ARGS = ["generate", "-m", "smollm2-135m", "-c", "256", "-t", str(THREADS), "-p", "Hi"]
-
-
-def _ns(args):
-    from llama_spec.cli import build_parser
-
-    return build_parser().parse_args(args)
 
 
 class _Recorder:
