@@ -6,6 +6,7 @@
 #include "json-schema-to-grammar.h"
 
 #include <algorithm>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <exception>
@@ -27,6 +28,31 @@ ggml_backend_dev_t lsp_model_get_device(const llama_model * model, int32_t i) {
 
 bool lsp_abort_flag(void * data) {
     return data != nullptr && __atomic_load_n(static_cast<const int32_t *>(data), __ATOMIC_RELAXED) != 0;
+}
+
+static bool (*g_abort_python)(void *) = nullptr;
+static int64_t g_abort_period_ns = 0;
+static thread_local int64_t t_abort_next_ns = 0;   // this thread's next call of g_abort_python
+
+void lsp_abort_set_python(bool (*check)(void *), int32_t period_us) {
+    g_abort_python = check;
+    g_abort_period_ns = (int64_t) std::max(period_us, 0) * 1000;
+}
+
+bool lsp_abort_main(void * data) {
+    if (lsp_abort_flag(data)) {
+        return true;
+    }
+    if (g_abort_python == nullptr) {
+        return false;
+    }
+    const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+    if (now < t_abort_next_ns) {
+        return false;
+    }
+    t_abort_next_ns = now + g_abort_period_ns;
+    return g_abort_python(data);
 }
 
 int32_t lsp_process(llama_context * ctx, llama_batch_ext * batch,

@@ -250,3 +250,12 @@ def test_bench_topk_overhead_smoke(tmp_path):
     for key in ("paired_noop_vs_none", "paired_on_vs_none"):
         v = res[key]
         assert v["min_max_pct"][0] <= v["median_pct"] <= v["min_max_pct"][1]
+
+
+def test_bench_abort_callback_smoke():
+    p = _run([sys.executable, str(SCRIPTS / "bench_abort_callback.py"), "--blocks", "2", "--per-block", "3",
+              "-t", str(THREADS)])
+    rows = {line.split(":")[0].strip(): line for line in p.stdout.splitlines() if "ms/decode" in line}
+    assert set(rows) == {"every node", "every 2 ms", "flag only"}, p.stdout
+    assert all(float(r.split("median")[1].split()[0]) > 0 for r in rows.values())
+    assert "- flag only: median" in rows["every node"] and "- flag only" not in rows["flag only"]

@@ -26,6 +26,14 @@ ggml_backend_dev_t lsp_model_get_device(const struct llama_model * model, int32_
  * next graph node with code 2. Runs no Python, so a decode off the main thread pays nothing. */
 bool    lsp_abort_flag(void * data);
 
+/* The main thread's callback: lsp_abort_flag, then at most once per `period_us` (per thread) the
+ * `check` set by lsp_abort_set_python, which runs Python so that a pending SIGINT handler can
+ * stop the decode. Python at every graph node cost ~0.9 us per node (ggml's threads wait at each
+ * node for thread 0's callback): 0.47 ms of an 8.8-ms SmolLM2-135M decode (scripts/bench_abort_callback.py).
+ * requires: lsp_abort_set_python called before a decode uses it (else it is lsp_abort_flag). */
+void    lsp_abort_set_python(bool (*check)(void *), int32_t period_us);
+bool    lsp_abort_main(void * data);
+
 /* ---- batches ----
  * Fill `batch` (from llama_batch_ext_init) with n tokens of one sequence and decode it.
  * outputs[i] != 0 asks for logits (and embeddings) of row i; outputs may be NULL = last only.

@@ -6,8 +6,8 @@ context; copy them (``arr.copy()``) to keep them longer. The GIL is released whi
 decodes (cffi releases it around every C call).
 
 Stopping a decode (every decode call, hence ``prefill``), on a context of any thread: Ctrl-C
-while the main thread decodes raises ``KeyboardInterrupt`` within one graph node (ggml's abort
-callback runs Python there, so the SIGINT handler runs); :meth:`Context.abort` (or
+while the main thread decodes raises ``KeyboardInterrupt`` within 2 ms and a graph node (ggml's abort
+callback runs Python there at most every 2 ms, so the SIGINT handler runs); :meth:`Context.abort` (or
 :func:`abort_decodes`: every decode running now) from any thread makes the decode raise
 :class:`~llama_spec.errors.DecodeError` with ``code == 2`` (off the main thread the callback
 only reads the context's abort flag, in C). Either way the context stays usable and its memory
@@ -53,6 +53,8 @@ _MAX_CTX = 1 << 24   # 16M tokens: beyond any model here; larger values only fai
 _SIGNALS = threading.local()  # .pending: an exception a signal handler raised during this thread's decode
 _MAIN_THREAD = threading.main_thread().ident
 _FLAG_ABORT = ffi.addressof(lib, "lsp_abort_flag")  # the C abort callback: reads the flag, no Python
+_MAIN_ABORT = ffi.addressof(lib, "lsp_abort_main")  # the flag, and _abort_check at most every _ABORT_PERIOD_US
+_ABORT_PERIOD_US = 2000  # Ctrl-C stops a decode within 2 ms and a node; Python at each node: +5 % on a 135M decode
 _decoding_lock = threading.Lock()
 _decoding: set[Context] = set()  # contexts inside a native decode now (any thread), under the lock
 
@@ -65,10 +67,13 @@ def _abort_error(exc_type: Any, exc: BaseException | None, tb: Any) -> bool:
 
 @ffi.callback("bool(void *)", onerror=_abort_error)  # type: ignore[untyped-decorator]
 def _abort_check(data: Any) -> bool:
-    """ggml's abort callback for decodes on the main thread (between graph nodes, in that thread):
-    running Python code here lets a pending SIGINT handler run, so Ctrl-C stops a long decode
-    within one node. `data` is the context's abort flag (Context.abort())."""
+    """Python's part of the main thread's abort callback (lsp_abort_main calls it between graph nodes,
+    at most every _ABORT_PERIOD_US): running Python code here lets a pending SIGINT handler run, so
+    Ctrl-C stops a long decode within a node or two. `data` is the context's abort flag (Context.abort())."""
     return bool(ffi.cast("int32_t *", data)[0] != 0)
+
+
+lib.lsp_abort_set_python(_abort_check, _ABORT_PERIOD_US)
 
 
 def _take_pending_signal() -> BaseException | None:
@@ -188,7 +193,7 @@ class Context(NativeHandle):
         p.no_perf = True
         self._abort_flag = ffi.new("int32_t *")  # Context.abort(); the callback is re-chosen per decode
         self._abort_main = threading.get_ident() == _MAIN_THREAD  # signals reach the main thread only
-        p.abort_callback, p.abort_callback_data = _abort_check if self._abort_main else _FLAG_ABORT, self._abort_flag
+        p.abort_callback, p.abort_callback_data = _MAIN_ABORT if self._abort_main else _FLAG_ABORT, self._abort_flag
         p.kv_unified = bool(kv_unified)  # one KV buffer for all sequences: a cell can belong to several (trees)
         if ctx_other is not None:
             p.ctx_other = ctx_other.ptr
@@ -417,7 +422,7 @@ class Context(NativeHandle):
         `counts`: each row's counts[i] sequences, flattened). Stopped: cells dropped, then raise."""
         main = threading.get_ident() == _MAIN_THREAD and not self._rpc  # RPC decodes run on a worker
         if main is not self._abort_main:
-            lib.llama_set_abort_callback(self._ptr, _abort_check if main else _FLAG_ABORT, self._abort_flag)
+            lib.llama_set_abort_callback(self._ptr, _MAIN_ABORT if main else _FLAG_ABORT, self._abort_flag)
             self._abort_main = main
         with _decoding_lock:
             self._abort_flag[0] = 0
