@@ -242,7 +242,7 @@ class Plan:
             since = st.clock - st.ran_at.get(a, 0.0)
             if t_a - e_a / hi > share * since:   # over the budget even without its sync (the usual case)
                 continue
-            sync = self._resync(member_of(a), k) if a != PLAIN else 0.0
+            sync = self._resync(member_of(a)) if a != PLAIN else 0.0
             loss = t_a - e_a / hi + sync
             # within the budget since it last ran; and a model's sync of a long prompt within the
             # budget of this request's own time (one try must not cost a short request that much)
@@ -279,7 +279,7 @@ class Plan:
         if self.n_predict is None or self.sync_gap(member_of(a)) <= 2:   # (1-2: drafting every step)
             return True
         left = self.n_predict - (self.hist_len - self.prompt_len if self.prompt_len is not None else 0)
-        return left * (1.0 / best[PLAIN][1] - 1.0 / best[a][1]) >= self._resync(member_of(a), best[a][0])
+        return left * (1.0 / best[PLAIN][1] - 1.0 / best[a][1]) >= self._resync(member_of(a))
 
     def explore_share(self, n_arms: int) -> float:   # each arm not chosen: its share of the slot's budget
         return self.ctl.explore_budget / max(n_arms - 1, 1)
@@ -290,7 +290,7 @@ class Plan:
         if arm == PLAIN:
             return not np.isnan(self.v[0])
         name, band = self.arm_name(arm), self.band_for(arm)
-        return (ctl.cost.draft_cost(name, np.array([1])) is not None
+        return (ctl.cost.has_draft_cost(name)
                 and (ctl.accept.count([(name, band, False), (name, band, True)]) >= 1.0
                      or ctl.borrow_bands and ctl.accept.count(other_bands(ctl.accept, name, band)) >= 1.0))
 
@@ -305,12 +305,10 @@ class Plan:
             self._needs[m] = max(int(need), 1)
         return self._needs[m]
 
-    def _resync(self, m: int, k: int) -> float:
+    def _resync(self, m: int) -> float:
         """Predicted seconds of member m's lazy sync of the tokens it missed, beyond one."""
-        gap = self.sync_gap(m)
-        name, ks = self.st.names[m], np.array([k])
-        far, near = self.ctl.cost.draft_cost(name, ks, gap), self.ctl.cost.draft_cost(name, ks, 1)
-        return 0.0 if far is None or near is None else max(0.0, float(far[0] - near[0]))
+        sync = self.ctl.cost.sync_cost(self.st.names[m], self.sync_gap(m))
+        return 0.0 if sync is None else sync
 
     def options(self, arm: int, n: int, sunk: float | None,
                 pooled: bool = False) -> tuple[np.ndarray, np.ndarray] | None:

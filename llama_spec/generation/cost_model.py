@@ -76,24 +76,46 @@ class LinearFit:
 
     def __init__(self, n_features: int, decay: float, warmup: int = 0) -> None:
         self.n, self.decay, self.warmup = int(n_features), float(decay), int(warmup)
-        self._set_sums(np.zeros((self.n, self.n + 2)))
+        # [xtx | xty | sum_x], row-major (n, n + 2), as Python floats: a step records 3-4 measurements
+        # between decodes, with the caches cold (controller.py, Overhead), and numpy's per-call cost
+        # on 3 x 5 arrays was ~40 us per measurement there (AVX2 EPYC), the floats' a few
+        self._s = [0.0] * (self.n * (self.n + 2))
+        self._np: np.ndarray | None = None      # _s as an (n, n + 2) array, until the next add
         self.count = 0.0                       # decayed number of measurements
         self.sum_y = 0.0
         self.floor = float("inf")              # the smallest measurement, rising slowly
         self._beta: dict[bytes, np.ndarray] = {}  # coef() per prior, until the next add
 
-    def _set_sums(self, sums: np.ndarray) -> None:
-        """[xtx | xty | sum_x] in one (n, n + 2) array, so that a measurement is one update of it
-        (a step records several, between decodes, with the caches cold: module Overhead of controller.py)."""
-        self._sums = sums
-        self.xtx, self.xty, self.sum_x = sums[:, : self.n], sums[:, self.n], sums[:, self.n + 1]
+    def _sums(self) -> np.ndarray:
+        if self._np is None:
+            self._np = np.array(self._s, dtype=np.float64).reshape(self.n, self.n + 2)
+        return self._np
 
-    def add(self, x: np.ndarray, y: float) -> None:
+    @property
+    def xtx(self) -> np.ndarray:
+        return self._sums()[:, : self.n]
+
+    @property
+    def xty(self) -> np.ndarray:
+        return self._sums()[:, self.n]
+
+    @property
+    def sum_x(self) -> np.ndarray:
+        return self._sums()[:, self.n + 1]
+
+    def sum_x0(self) -> float:
+        """The decayed sum of the first feature (a float, without building the arrays)."""
+        return self._s[self.n + 1]
+
+    def add(self, x: tuple[float, ...], y: float) -> None:
+        """One measurement: features x (len n), value y."""
         if self.warmup > 0:
             self.warmup -= 1
             return
+        n, s = self.n, self._s
         if self.count > 0 and y * self.OUTLIER < self.floor:   # what came before were the stalls
-            self._sums[:, : self.n + 1] = 0.0
+            for i in range(n):
+                s[i * (n + 2): i * (n + 2) + n + 1] = [0.0] * (n + 1)
             self.count, self.sum_y = 0.0, 0.0
         self.floor = min(y, self.floor / self.decay)
         if y > self.OUTLIER * max(self.floor, 1e-6):
@@ -101,11 +123,16 @@ class LinearFit:
         if self.count >= 3.0 and y > 2.0 * self.sum_y / self.count:   # (only a large one can need it)
             beta = self.coef()
             assert beta is not None
-            y = min(y, self.CLIP * max(float(x @ beta), 1e-6))
+            y = min(y, self.CLIP * max(float(np.dot(x, beta)), 1e-6))
         d = self.decay
         self._beta.clear()
-        self._sums *= d
-        self._sums += np.multiply.outer(x, np.append(x, (y, 1.0)))   # x x^T | x y | x
+        self._np = None
+        ext = (*x, y, 1.0)   # x x^T | x y | x
+        j = 0
+        for xi in x:
+            for e in ext:
+                s[j] = s[j] * d + xi * e
+                j += 1
         self.count = self.count * d + 1.0
         self.sum_y = self.sum_y * d + y
 
@@ -138,8 +165,9 @@ class LinearFit:
         """A saved fit, its weight scaled down to at most `scale` measurements."""
         xtx, xty, count, sum_y, sum_x = data
         f = min(1.0, scale / count) if count > 0 else 0.0
-        self._set_sums(np.column_stack([np.asarray(xtx, dtype=np.float64), np.asarray(xty, dtype=np.float64),
-                                        np.asarray(sum_x, dtype=np.float64)]) * f)
+        sums = np.column_stack([np.asarray(xtx, dtype=np.float64), np.asarray(xty, dtype=np.float64),
+                                np.asarray(sum_x, dtype=np.float64)]) * f
+        self._s, self._np = [float(v) for v in sums.ravel()], None
         self.count, self.sum_y = float(count) * f, float(sum_y) * f
         self._beta.clear()
 
@@ -169,17 +197,17 @@ class CostModel:
         w = min(cell[0] * self.decay + 1.0, _MAX_CELL_WEIGHT)
         cell[1] += (seconds - cell[1]) / w
         cell[0] = w
-        self.verify_line.add(np.array([1.0, n_rows, n_seqs]), seconds)
+        self.verify_line.add((1.0, float(n_rows), float(n_seqs)), seconds)
 
     def record_post(self, n_rows: int, seconds: float) -> None:
         """One sequence's work after the decode of its n_rows rows took `seconds`."""
         self.version += 1
-        self.post_line.add(np.array([1.0, n_rows]), seconds)
+        self.post_line.add((1.0, float(n_rows)), seconds)
 
     def record_draft(self, drafter: str, n_drafted: int, gap: int, seconds: float) -> None:
         """A draft() call of `drafter` gave n_drafted tokens after a gap of `gap` tokens."""
         fit = self.draft_lines.setdefault(drafter, LinearFit(2, self.decay, warmup=1))
-        fit.add(np.array([n_drafted + 1.0, max(gap - 1.0, 0.0)]), seconds)
+        fit.add((n_drafted + 1.0, max(gap - 1.0, 0.0)), seconds)
 
     # -- estimates ---------------------------------------------------------------------------------
     def ready(self) -> bool:
@@ -236,15 +264,30 @@ class CostModel:
             return np.zeros(len(n_rows))
         return np.maximum(coef[0] + coef[1] * n_rows, 0.0)
 
-    def draft_cost(self, drafter: str, k: np.ndarray, gap: int = 1) -> np.ndarray | None:
-        """D_m(k, gap) for each k (None: never timed). Prior: proportional to k + 1."""
+    def _draft_coef(self, drafter: str) -> np.ndarray | None:
+        """(u, g) of D_m (None: never timed). Prior: proportional to k + 1."""
         fit = self.draft_lines.get(drafter)
         if fit is None or fit.count <= 0:
             return None
-        per = fit.sum_y / max(fit.sum_x[0], 1e-12)    # the prior: seconds per (drafted token + 1), and
-        coef = fit.coef(np.array([per, GAP_PRIOR * per]))  # a quarter of that per synced token
-        assert coef is not None
+        per = fit.sum_y / max(fit.sum_x0(), 1e-12)    # the prior: seconds per (drafted token + 1), and
+        return fit.coef(np.array([per, GAP_PRIOR * per]))  # a quarter of that per synced token
+
+    def draft_cost(self, drafter: str, k: np.ndarray, gap: int = 1) -> np.ndarray | None:
+        """D_m(k, gap) for each k (None: never timed)."""
+        coef = self._draft_coef(drafter)
+        if coef is None:
+            return None
         return coef[0] * (np.asarray(k, dtype=np.float64) + 1.0) + coef[1] * max(gap - 1.0, 0.0)
+
+    def has_draft_cost(self, drafter: str) -> bool:
+        """draft_cost(drafter, ..) is not None (without computing it)."""
+        fit = self.draft_lines.get(drafter)
+        return fit is not None and fit.count > 0
+
+    def sync_cost(self, drafter: str, gap: int) -> float | None:
+        """D_m(k, gap) - D_m(k, 1), the same for every k: the lazy sync of gap - 1 tokens (None: never timed)."""
+        coef = self._draft_coef(drafter)
+        return None if coef is None else float(coef[1]) * max(gap - 1.0, 0.0)
 
     # -- files -------------------------------------------------------------------------------------
     def to_dict(self) -> dict[str, Any]:
