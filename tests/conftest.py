@@ -162,3 +162,6 @@ def gpu_like_costs(monkeypatch):
 
     monkeypatch.setattr(SpecController, "step_cost", lambda self, k_cap, n_seqs: 0.01 + 1e-4 * np.arange(k_cap + 1))
     monkeypatch.setattr(CostModel, "draft_cost", lambda self, name, k, gap=1: 1e-4 * (np.asarray(k, float) + 1.0))
+    # (every drafter priced from the start, and its lazy sync free: the same prices by every accessor)
+    monkeypatch.setattr(CostModel, "has_draft_cost", lambda self, name: True)
+    monkeypatch.setattr(CostModel, "sync_cost", lambda self, name, gap: 0.0)
