@@ -29,6 +29,8 @@ os.environ.setdefault("LLAMA_SPEC_AUTO", "0")
 # ... and a CLI run under --spec-auto starts cold: no cost model saved by another test (or by the
 # user's own runs in ~/.cache) decides for it (tests/test_cost_cache.py turns the cache on).
 os.environ.setdefault("LLAMA_SPEC_COST_CACHE", "0")
+# ... and every GGUF is walked (no list of checked files in ~/.cache; tests/test_gguf_check_cache.py).
+os.environ.setdefault("LLAMA_SPEC_GGUF_CHECK_CACHE", "0")
 
 
 def pytest_configure(config: pytest.Config) -> None:

@@ -259,3 +259,10 @@ def test_bench_abort_callback_smoke():
     assert set(rows) == {"every node", "every 2 ms", "flag only"}, p.stdout
     assert all(float(r.split("median")[1].split()[0]) > 0 for r in rows.values())
     assert "- flag only: median" in rows["every node"] and "- flag only" not in rows["flag only"]
+
+
+def test_bench_gguf_check_smoke():
+    p = _run([sys.executable, str(SCRIPTS / "bench_gguf_check.py"), "-m", "smollm2-135m", "--runs", "2"])
+    line = next(x for x in p.stdout.splitlines() if x.startswith("SmolLM2-135M"))
+    walked, remembered = (float(line.split(f"{arm} median ")[1].split()[0]) for arm in ("walked", "remembered"))
+    assert 0 < remembered and 0 < walked, line

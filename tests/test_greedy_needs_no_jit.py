@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 
+import pytest
 from conftest import THREADS
 
 _SNIPPET = """
@@ -75,3 +76,19 @@ def test_the_warm_up_starts_with_the_first_sampled_request_only(smollm_path):
     # built and a greedy request run: no thread (a greedy run never needs numba)
     assert out["thread_before"] is False and out["0.0"]["thread"] is False, out
     assert out["0.8"]["thread"] is True and out["0.8"]["drafted"] > 0, out
+
+
+def test_the_server_warms_up_at_its_start_when_it_speculates(smollm_path, monkeypatch):
+    # (in this process, the warm-up and uvicorn's loop replaced: only whether `serve` asks for it)
+    uvicorn = pytest.importorskip("uvicorn")
+    from test_cli import _ns
+
+    from llama_spec.cli.serve import cmd_serve
+    from llama_spec.kernels import warmup
+
+    asked: list[int] = []
+    monkeypatch.setattr(warmup, "warm_up_in_background", lambda: asked.append(1))
+    monkeypatch.setattr(uvicorn.Server, "run", lambda self: None)
+    base = ["serve", "-m", str(smollm_path), "-nr", "-c", "256", "-np", "1", "-t", str(THREADS), "--port", "0"]
+    assert cmd_serve(_ns(base)) == 0 and asked == []                     # no drafter: nothing to warm
+    assert cmd_serve(_ns([*base, "-md", str(smollm_path)])) == 0 and asked == [1]

@@ -69,14 +69,14 @@ Ramp: after a verification that kept all of its drafts, the next cut of that arm
 (draft_length.py). Trees: a request with a tree shape has one more arm, to depth d (arms.py).
 
 Overhead: a plan runs between two decodes, with the caches cold (the model's weights streamed
-through them): 0.5 ms of Python per step here, against 0.2 ms for plain decoding (SmolLM2-135M,
-2 cores; 6 % of its step; the 1.5B on the Intel Xeon: 0.3-0.45 ms more than plain of an 80 ms
-step, scripts/controller_overhead.py). So the step cost curve is re-read every ``STEP_COST_REFRESH``
-measurements of c or r, up to every ``STEP_COST_REFRESH_MAX`` as the model matures (1/16 of its
-measurements: an old model moves little per step), and each arm's best length only when what it
-is computed from changed (that curve, a survival, a model's draft cost, the request); a young
-cost model (< 128 measurements) every time. Where plain wins (1.5B on 2 cores), the 1 %
-``explore_budget`` and this overhead are what the controller costs.
+through them): 0.3-0.4 ms more Python than plain per step of the 1.5B on 2 AVX2 EPYC cores (0.7 % of
+50 ms; was 0.4-0.75 before the fits updated Python floats; scripts/controller_overhead.py). So the
+step cost curve is re-read every ``STEP_COST_REFRESH`` measurements of c or r, up to every
+``STEP_COST_REFRESH_MAX`` as the model matures (1/16 of its measurements: an old model moves little
+per step), and each arm's best length only when what it is computed from changed (that curve, a
+survival, a model's draft cost, the request); a young cost model (< 128 measurements) every time.
+Where plain wins (1.5B on 2 cores), the 1 % ``explore_budget`` and this overhead are what the
+controller costs.
 
 Exactness: any choice is exact for every rule (a prefix of a draft is a draft from the same q, and
 no draft is a verification without drafts); a decision uses only what happened before it, so the
