@@ -207,6 +207,10 @@ class Drafter:
         """Who made the last proposal (a chain: its winning member); per-drafter statistics key on it."""
         return self.name
 
+    def prepare(self) -> None:
+        """Before a timed draft: make what is made once (draft-simple: its context), so that no
+        measured draft cost includes it. Default: nothing."""
+
     def sit_out_observes(self) -> None:
         """A chain is about to ask others first: do no work in observe() that only pays when this
         drafter drafts every time (draft-simple stops decoding each target batch and syncs lazily)."""

@@ -159,9 +159,14 @@ class ChainDrafter(Drafter):
         for d in self.drafters:
             d.observe(tokens, pos0, target)
 
+    def prepare(self) -> None:
+        for d in self.drafters:
+            d.prepare()
+
     def draft(self, history: list[int], n_max: int, p_min: float) -> Proposal:
         """The first member's non-empty proposal (at most n_max tokens); empty if none has one."""
         self.winner = None
+        self.prepare()   # (the gates time the step)
         self._step.start()
         for i, d in enumerate(self.drafters):
             gate = self.gates.get(i)
@@ -188,6 +193,7 @@ class ChainDrafter(Drafter):
     def draft_member(self, i: int, history: list[int], n_max: int, p_min: float) -> Proposal:
         """Member i's proposal alone (the speculation controller chooses the member; no gate)."""
         self.winner = None
+        self.drafters[i].prepare()
         self._step.start()
         prop = self.drafters[i].draft(history, n_max, p_min)
         if len(prop) > 0:

@@ -14,7 +14,7 @@ from typing import Protocol
 import numpy as np
 
 from ..kernels.tree_shape import build_tree
-from ..llama.context import Context
+from ..llama.context import Context, check_context_args
 from ..llama.model import Model
 from ..llama.sampling import SamplerParams
 from ..types import FlashAttn
@@ -42,7 +42,8 @@ class DraftModelDrafter(Drafter):
         # n_max: this drafter's own draft cap (llama.cpp's --spec-draft-n-max inside a chain whose
         # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only.
         # context/seq_id: draft in sequence seq_id of a context owned elsewhere (SharedDraftModel,
-        # drafters/draft_batch.py); None = a context of its own, freed by close().
+        # drafters/draft_batch.py); None = a context of its own, made at its first use (a controller
+        # that decodes plainly never needs it: ~0.3 s and the KV of n_ctx saved), freed by close().
         # observe_batches: decode every target batch as llama.cpp does (its KV shapes, bit for bit);
         # False = only the lazy sync before each draft (a chain member that rarely drafts, say).
         if n_max is not None and not 1 <= int(n_max) <= 64:
@@ -51,8 +52,10 @@ class DraftModelDrafter(Drafter):
         self.model = model
         self.vocab_size = model.n_vocab
         self._owns_ctx = context is None
-        self._ctx_args = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn)
-        self.ctx = Context(model, **self._ctx_args) if context is None else context  # type: ignore[arg-type]
+        check_context_args(n_ctx, n_batch, n_threads, flash_attn)   # bad arguments raise here, not at first use
+        self._ctx_args: dict[str, object] = dict(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, flash_attn=flash_attn)
+        self._ctx = context
+        self._closed = False
         self.seq_id = int(seq_id)
         self.observe_batches = bool(observe_batches)
         self.mirror = MirrorSampler(model.n_vocab, model, seed)
@@ -63,6 +66,19 @@ class DraftModelDrafter(Drafter):
         # only what came after, so each step's comparison is a few tokens, not the whole history.
         self._agreed = 0
         self._tree_rng = new_tree_rng(seed)
+
+    @property
+    def ctx(self) -> Context:
+        """The draft context (its own is made here on first use; ValueError once closed)."""
+        if self._ctx is None:
+            if self._closed:
+                raise ValueError("the draft-simple drafter is closed")
+            self._ctx = Context(self.model, **self._ctx_args)  # type: ignore[arg-type]
+        return self._ctx
+
+    def prepare(self) -> None:
+        """Make the context now, before a timed draft (its ~0.3 s is not a draft's cost)."""
+        _ = self.ctx
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
                   collect_topk: bool = False) -> None:
@@ -90,7 +106,8 @@ class DraftModelDrafter(Drafter):
     def forget_after(self, pos0: int) -> bool:
         """Drop the cells from pos0 on (the drafter's own single-token steps, rejected drafts);
         False when the KV stops before pos0 (a gap, which should not happen: the lazy sync fills it)."""
-        self.ctx.rollback(self.seq_id, pos0)
+        if self._ctx is not None:   # (none yet: no cells)
+            self._ctx.rollback(self.seq_id, pos0)
         del self._kv[pos0:]
         self._agreed = min(self._agreed, pos0)  # cells written from pos0 on are compared anew
         return len(self._kv) == pos0
@@ -106,18 +123,22 @@ class DraftModelDrafter(Drafter):
         """Keep the cells of the common prefix of the KV and prompt[:n_kept]; whatever is missing
         up to n_kept is decoded by the lazy sync before the first draft, so all n_kept are kept."""
         c = common_prefix(self._kv, prompt[:n_kept])
-        self.ctx.rollback(self.seq_id, c)
+        if self._ctx is not None:
+            self._ctx.rollback(self.seq_id, c)
         del self._kv[c:]
         self._agreed = c
         return n_kept
 
     def save_prefix(self) -> bytes | None:
-        """The KV's tokens (int64 count, int32 ids) and its sequence state."""
+        """The KV's tokens (int64 count, int32 ids) and its sequence state (None: no context yet)."""
+        if self._ctx is None:
+            return None
         toks = np.asarray(self._kv, dtype=np.int32)
         return struct.pack("<q", len(toks)) + toks.tobytes() + self.ctx.save_state(self.seq_id)
 
     def load_prefix(self, data: bytes | None) -> None:
-        self.ctx.seq_rm(self.seq_id, -1, -1)
+        if self._ctx is not None:
+            self._ctx.seq_rm(self.seq_id, -1, -1)
         self._kv = []
         self._agreed = 0
         if data is None:
@@ -139,7 +160,8 @@ class DraftModelDrafter(Drafter):
         be decoded at c.. (usually one token) before drafting; the caller appends it to the KV."""
         c = self.kept_prefix(history)
         # roll back even when c == len(kv): a decode interrupted (Ctrl-C) may have left cells past kv
-        self.ctx.rollback(self.seq_id, c)
+        if self._ctx is not None:
+            self._ctx.rollback(self.seq_id, c)
         del self._kv[c:]
         self._agreed = len(history)  # once todo is in; min(_, len(kv)) covers a decode that failed
         return c, history[c:]
@@ -187,10 +209,13 @@ class DraftModelDrafter(Drafter):
             raise ValueError(f"tree: the draft model {self.model.path} is recurrent/hybrid: a tree needs one "
                              "recurrent state per path, which llama.cpp cannot branch (docs/trees.md)")
         n_seq = build_tree(shape).n_seqs + 1
-        if self.ctx.n_seq_max >= n_seq:
+        if self._ctx is not None and self._ctx.n_seq_max >= n_seq:
             return
-        self.ctx.close()
-        self.ctx = Context(self.model, n_seq_max=n_seq, kv_unified=True, **self._ctx_args)  # type: ignore[arg-type]
+        if self._ctx is not None:
+            self._ctx.close()
+            self._ctx = None
+        self._ctx_args.update(n_seq_max=n_seq, kv_unified=True)
+        self.prepare()   # now: what llama.cpp refuses for these sequences raises here
         self._kv = []
         self._agreed = 0
 
@@ -221,6 +246,8 @@ class DraftModelDrafter(Drafter):
 
     def close(self) -> None:
         if self._owns_ctx:
-            self.ctx.close()
+            self._closed = True
+            if self._ctx is not None:
+                self._ctx.close()
         elif self.shared is not None:  # the first slot to close frees the shared context
             self.shared.close()

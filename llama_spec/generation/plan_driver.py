@@ -27,6 +27,7 @@ def run_plan(plan: Plan, drafter: Drafter, history: list[int], p_min: float, roo
         set_mode(plan, drafter.members()[m], m)
         if plan.tree_ask(m):
             return _draft_tree(plan, cast(TreeDrafting, drafter), m, cap, history, room, p_min)
+        drafter.members()[m].prepare()
         t0 = time.perf_counter()
         got = drafter.draft_member(m, history, cap, p_min)
         plan.drafted(m, len(got), time.perf_counter() - t0)

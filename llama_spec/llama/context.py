@@ -31,7 +31,7 @@ from ..errors import ContextError, DecodeError
 from ..types import FlashAttn, OutputsSpec
 from .model import Model
 
-__all__ = ["KV_CACHE_TYPES", "Context", "MtpContext", "abort_decodes", "default_threads"]
+__all__ = ["KV_CACHE_TYPES", "Context", "MtpContext", "abort_decodes", "check_context_args", "default_threads"]
 
 _FLASH = {
     "auto": lib.LLAMA_FLASH_ATTN_TYPE_AUTO,
@@ -121,6 +121,12 @@ def _check_choices(**kw: tuple[Any, dict[str, Any]]) -> None:
     for name, (v, allowed) in kw.items():
         if not isinstance(v, str) or v not in allowed:
             raise ValueError(f"{name} {v!r}: expected one of {', '.join(allowed)}")
+
+
+def check_context_args(n_ctx: int, n_batch: int, n_threads: int | None, flash_attn: FlashAttn) -> None:
+    """What Context(model, n_ctx=.., n_batch=.., n_threads=.., flash_attn=..) refuses before any C call."""
+    _check_context_args(n_ctx=n_ctx, n_batch=n_batch, n_threads=n_threads, n_seq_max=1)
+    _check_choices(flash_attn=(flash_attn, _FLASH))
 
 
 def _check_context_args(**kw: int | None) -> None:
