@@ -43,7 +43,7 @@ class DraftModelDrafter(Drafter):
         # generator allows more, e.g. ngram-simple,draft-simple); None = the generator's n_max only.
         # context/seq_id: draft in sequence seq_id of a context owned elsewhere (SharedDraftModel,
         # drafters/draft_batch.py); None = a context of its own, made at its first use (a controller
-        # that decodes plainly never needs it: ~0.3 s and the KV of n_ctx saved), freed by close().
+        # that decodes plainly never needs it: 36-173 ms and its KV cells saved), freed by close().
         # observe_batches: decode every target batch as llama.cpp does (its KV shapes, bit for bit);
         # False = only the lazy sync before each draft (a chain member that rarely drafts, say).
         if n_max is not None and not 1 <= int(n_max) <= 64:
@@ -77,7 +77,7 @@ class DraftModelDrafter(Drafter):
         return self._ctx
 
     def prepare(self) -> None:
-        """Make the context now, before a timed draft (its ~0.3 s is not a draft's cost)."""
+        """Make the context now, before a timed draft (its making is not a draft's cost)."""
         _ = self.ctx
 
     def configure(self, params: SamplerParams, seed: int, *, sample: bool = True,
