@@ -193,8 +193,7 @@ class ChainDrafter(Drafter):
     def draft_member(self, i: int, history: list[int], n_max: int, p_min: float) -> Proposal:
         """Member i's proposal alone (the speculation controller chooses the member; no gate)."""
         self.winner = None
-        self.drafters[i].prepare()
-        self._step.start()
+        self._step.start()   # (run_plan, its one caller, prepared member i)
         prop = self.drafters[i].draft(history, n_max, p_min)
         if len(prop) > 0:
             self._won(i, prop, n_max)

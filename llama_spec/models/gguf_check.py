@@ -21,11 +21,11 @@ import contextlib
 import hashlib
 import json
 import mmap
-import os
 import struct
 from pathlib import Path
 
 from ..env import env_value_or_off
+from .registry import atomic_write_text
 
 __all__ = ["ENV_GGUF_CHECK_CACHE", "check_gguf"]
 
@@ -172,14 +172,9 @@ def _load(cache: Path | None) -> dict[str, object]:
 
 
 def _save(cache: Path, seen: dict[str, object]) -> None:
-    """Atomically (a reader never sees half a file; concurrent writers: the last one wins)."""
-    tmp = cache.with_name(f"{cache.name}.{os.getpid()}.tmp")
-    with contextlib.suppress(OSError):
+    with contextlib.suppress(OSError):   # (not written: the next run walks again)
         cache.parent.mkdir(parents=True, exist_ok=True)
-        tmp.write_text(json.dumps(seen))
-        os.replace(tmp, cache)
-    with contextlib.suppress(OSError):
-        tmp.unlink(missing_ok=True)
+        atomic_write_text(cache, json.dumps(seen))
 
 
 def _check_vocab(tokens: list[bytes], lengths: dict[str, int]) -> None:

@@ -156,10 +156,12 @@ def _marker_ok(path: Path, sha256: str) -> bool:
 def _write_marker(path: Path, sha256: str) -> None:
     st = path.stat()
     rec = {"sha256": sha256, "size": st.st_size, "mtime_ns": st.st_mtime_ns}
-    _atomic_write_text(_marker(path), json.dumps(rec) + "\n")
+    atomic_write_text(_marker(path), json.dumps(rec) + "\n")
 
 
-def _atomic_write_text(path: Path, text: str) -> None:
+def atomic_write_text(path: Path, text: str) -> None:
+    """Write `text` to `path` through a temporary file renamed over it (a reader never sees half a file;
+    of two writers the last one wins); OSError as the write raised it."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as f:
