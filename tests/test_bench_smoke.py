@@ -266,3 +266,25 @@ def test_bench_gguf_check_smoke():
     line = next(x for x in p.stdout.splitlines() if x.startswith("SmolLM2-135M"))
     walked, remembered = (float(line.split(f"{arm} median ")[1].split()[0]) for arm in ("walked", "remembered"))
     assert 0 < remembered and 0 < walked, line
+
+
+@pytest.mark.parametrize("concurrency", [1, 2])
+def test_bench_server_pairs_smoke(tmp_path, concurrency):
+    """Two fresh server pairs (the auto pair and its control) in smoke size: every server's rates land in the
+    JSON, in its role; the ratios are those rates' medians divided (SmolLM2-135M drafting for itself)."""
+    out = tmp_path / "pairs.json"
+    _run([sys.executable, str(SCRIPTS / "bench_server_pairs.py"), "-m", "smollm2-135m", "-md", "smollm2-135m",
+          "--pairs", "1", "--rounds", "2", "--requests", "1", "-n", "8", "--parallel", "2", "--ctx", "256",
+          "-C", str(concurrency), "--control", "-t", str(THREADS), "--json", str(out)])
+    js = json.loads(out.read_text())
+    assert js["concurrency"] == concurrency and set(js["ratios"]) == {"auto", "control"}
+    for kind in ("auto", "control"):
+        (res,) = js["raw"][kind]
+        assert set(res) == {"auto", "plain"}
+        for rates in res.values():   # one rate per round (a burst at C > 1) or per request
+            assert len(rates) == 2 and all(r > 0 for r in rates)
+        (ratio,) = js["ratios"][kind]
+        med = {n: sorted(v)[0] / 2 + sorted(v)[1] / 2 for n, v in res.items()}
+        assert ratio == pytest.approx(med["auto"] / med["plain"], rel=1e-12)
+    # plain servers draft nothing: the control's two, and the auto pair's plain one
+    assert js["drafted"]["control"][0] == {"auto": 0, "plain": 0} and js["drafted"]["auto"][0]["plain"] == 0
