@@ -9,8 +9,8 @@ each in A B B A order, one at a time, and reports auto ÷ plain of that pair; th
 median over --pairs pairs, with every pair's ratio printed. Which server starts first alternates
 from pair to pair (the first-started one ran ~2 % slower on the AVX2 EPYC). ``--control`` runs a
 control pair after each pair, two plain servers in the same roles, so the harness's own ratio
-(whatever the two processes differ by) is measured in the same run: the auto server's own cost
-is the difference of the two medians.
+(whatever the two processes differ by) is measured in the same run: the auto server's own ratio
+is the auto pairs' median over the control pairs' median.
 
     python scripts/bench_server_pairs.py                 # 3 pairs x 3 rounds x 2 requests (~8 min)
     python scripts/bench_server_pairs.py --pairs 1 --rounds 1 --requests 1 -n 16   # smoke
@@ -109,8 +109,9 @@ def main() -> int:
             ratios[kind].append(med["auto"] / med["plain"])
             raw[kind].append(res)
             role = "auto" if kind == "auto" else "plain (in auto's role)"
+            first = "auto" if k % 2 == 0 else "plain"
             print(f"pair {k} {kind}: {role} {med['auto']:.2f} t/s, plain {med['plain']:.2f} t/s, ratio "
-                  f"{ratios[kind][-1]:.3f}, drafted {n_drafted['auto']} ({'auto' if k % 2 == 0 else 'plain'} started first, "
+                  f"{ratios[kind][-1]:.3f}, drafted {n_drafted['auto']} ({first} started first, "
                   f"load {os.getloadavg()[0]:.2f})", flush=True)
     r = ratios["auto"]
     print(f"C {a.concurrency}: auto / plain over {a.pairs} pairs: median {statistics.median(r):.3f}, "
@@ -120,8 +121,9 @@ def main() -> int:
         print(f"control (plain / plain) over {a.pairs} pairs: median {statistics.median(c):.3f}, "
               f"min {min(c):.3f}, max {max(c):.3f}; auto's own: {statistics.median(r) / statistics.median(c):.3f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"ratios": ratios, "raw": raw, "drafted": drafted, "n_tokens": a.n_tokens, "temp": a.temp,
-                                            "concurrency": a.concurrency, "threads": a.threads}, indent=1))
+        Path(a.json).write_text(json.dumps({"ratios": ratios, "raw": raw, "drafted": drafted, "n_tokens": a.n_tokens,
+                                            "temp": a.temp, "concurrency": a.concurrency, "threads": a.threads},
+                                           indent=1))
     return 0
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -284,7 +285,7 @@ def test_bench_server_pairs_smoke(tmp_path, concurrency):
         for rates in res.values():   # one rate per round (a burst at C > 1) or per request
             assert len(rates) == 2 and all(r > 0 for r in rates)
         (ratio,) = js["ratios"][kind]
-        med = {n: sorted(v)[0] / 2 + sorted(v)[1] / 2 for n, v in res.items()}
+        med = {n: statistics.median(v) for n, v in res.items()}
         assert ratio == pytest.approx(med["auto"] / med["plain"], rel=1e-12)
     # plain servers draft nothing: the control's two, and the auto pair's plain one
     assert js["drafted"]["control"][0] == {"auto": 0, "plain": 0} and js["drafted"]["auto"][0]["plain"] == 0
