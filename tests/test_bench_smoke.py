@@ -289,3 +289,19 @@ def test_bench_server_pairs_smoke(tmp_path, concurrency):
         assert ratio == pytest.approx(med["auto"] / med["plain"], rel=1e-12)
     # plain servers draft nothing: the control's two, and the auto pair's plain one
     assert js["drafted"]["control"][0] == {"auto": 0, "plain": 0} and js["drafted"]["auto"][0]["plain"] == 0
+
+
+@pytest.mark.parametrize("gens", [False, True])
+def test_context_ab_smoke(tmp_path, gens):
+    """Two contexts' single-token decodes, alternating (bare, or bench_auto's plain and auto arms'): every
+    decode timed in the JSON, the ratio their medians divided, the paired estimate inside its interval."""
+    out = tmp_path / "ctx.json"
+    _run([sys.executable, str(SCRIPTS / "context_ab.py"), "--quick", "-t", str(THREADS), "--json", str(out),
+          *(["--gens"] if gens else [])])
+    js = json.loads(out.read_text())
+    labels = ["plain", "auto"] if gens else ["A", "B"]
+    assert list(js["times_s"]) == labels and all(len(v) == 8 and min(v) > 0 for v in js["times_s"].values())
+    med = {k: statistics.median(v) for k, v in js["times_s"].items()}
+    assert js["ratio"] == pytest.approx(med[labels[1]] / med[labels[0]], rel=1e-12)
+    lo_hi = js["paired"][1:]
+    assert lo_hi[0] <= js["paired"][0] <= lo_hi[1]
