@@ -277,6 +277,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     a.auto_tree = tuple(int(x) for x in a.auto_tree.split(",")) if a.auto_tree else None
     if a.reps < 2 or a.reps % 2:
         ap.error("--reps: an even number >= 2")
+    if a.warmup_tokens < 1:
+        ap.error("--warmup-tokens: >= 1")
     return a
 
 
