@@ -15,13 +15,10 @@ and an auto ``SpeculativeGenerator`` as bench_auto builds them, after one 96-tok
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 import sys
 import time
 from pathlib import Path
-
-import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_spec import DEFAULT_DRAFTER, DEFAULT_TARGET, loadavg, machine_info, resolve, write_json  # noqa: E402
@@ -80,13 +77,11 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         for o in owners:
             o.close()
-    from scipy import stats
+    from bench_auto import geo_mean_ci  # (bench_auto's paired interval: t over the log ratios)
 
-    logs = np.log(np.asarray(times[labels[1]]) / np.asarray(times[labels[0]]))
-    half = float(stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs)))
     med = {k: statistics.median(v) for k, v in times.items()}
     ratio = med[labels[1]] / med[labels[0]]
-    paired = [math.exp(float(logs.mean())), math.exp(float(logs.mean()) - half), math.exp(float(logs.mean()) + half)]
+    paired = list(geo_mean_ci([b / a for a, b in zip(times[labels[0]], times[labels[1]], strict=True)]))
     for k in labels:
         print(f"{k}: median {med[k] * 1e3:.2f} ms per decode ({a.decodes} decodes)")
     print(f"{labels[1]} / {labels[0]}: ratio of medians {ratio:.4f}; paired {paired[0]:.4f} "
